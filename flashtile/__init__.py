@@ -1,0 +1,23 @@
+"""flashtile: exact attention (FlashAttention) for PyTorch, written in Python with Triton.
+
+Names load on first use, so ``flashtile.cli`` can pick the Triton interpreter before triton loads.
+"""
+import importlib
+
+_PUBLIC = {
+    "flash_attn_func": "api",
+    "flash_attn_varlen_func": "api",
+    "scaled_dot_product_attention": "api",
+}
+__all__ = list(_PUBLIC)
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    raise AttributeError(f"module 'flashtile' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,62 @@
+"""The attention implementations users pick today, each wrapped as fn(q, k, v) -> out on
+flash-attn layout (batch, seqlen, nheads, headdim) inputs; layout changes happen outside the timed call."""
+import torch
+import torch.nn.functional as F
+
+from .. import reference
+
+
+def flashtile_fwd(causal):
+    from .. import flash_attn_func
+
+    def prepare(q, k, v):
+        return q, k, v
+    return prepare, lambda q, k, v: flash_attn_func(q, k, v, causal=causal)
+
+
+def sdpa_fwd(backend, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = getattr(SDPBackend, backend)
+
+    def prepare(q, k, v):
+        return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+    def run(q, k, v):
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    return prepare, run
+
+
+def flex_fwd(causal):
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    torch._dynamo.config.cache_size_limit = 1000
+    torch._dynamo.config.accumulated_cache_size_limit = 1000
+    compiled = torch.compile(flex_attention, dynamic=False)
+    state = {}
+
+    def prepare(q, k, v):
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        state["mask"] = None
+        if causal:
+            state["mask"] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2],
+                                              device=q.device)
+        return q, k, v
+    return prepare, lambda q, k, v: compiled(q, k, v, block_mask=state["mask"],
+                                             enable_gqa=q.shape[1] != k.shape[1])
+
+
+def naive_fwd(causal):
+    def prepare(q, k, v):
+        return q, k, v
+    return prepare, lambda q, k, v: reference.attention(q, k, v, causal=causal, upcast=False)[0]
+
+
+FORWARD = {
+    "flashtile": flashtile_fwd,
+    "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
+    "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),
+    "mem-efficient": lambda causal: sdpa_fwd("EFFICIENT_ATTENTION", causal),
+    "FlexAttention": flex_fwd,
+    "naive": naive_fwd,
+}

@@ -1,0 +1,102 @@
+"""``flashtile demo | bench | tune | info``."""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+
+def _use_interpreter_without_gpu():
+    """The kernels run on the CPU only under the Triton interpreter, which must be chosen before triton loads."""
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _median_ms(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def demo(args):
+    interpreter = _use_interpreter_without_gpu()
+    import torch.nn.functional as F
+
+    from . import flash_attn_func, reference
+    from .bench.__main__ import fwd_flops
+
+    if interpreter:
+        device, dtype = "cpu", torch.float16
+        batch, seqlen, nheads, head_dim = 1, args.seqlen or 256, 2, 64
+        print("No CUDA GPU: running the same Triton kernels under the Triton interpreter (TRITON_INTERPRET=1) "
+              "on a small problem. Times below are the interpreter's, not a GPU's.")
+    else:
+        device, dtype = "cuda", torch.bfloat16
+        batch, seqlen, nheads, head_dim = 4, args.seqlen or 4096, 16, 128
+        print(f"GPU: {torch.cuda.get_device_name()}")
+    causal = not args.no_causal
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device=device, dtype=dtype) for _ in range(3))
+    print(f"shape: batch {batch}, seqlen {seqlen}, heads {nheads}, head dim {head_dim}, {dtype}, "
+          f"{'causal' if causal else 'non-causal'}")
+
+    out = flash_attn_func(q, k, v, causal=causal)
+    ref, _ = reference.attention(q[:1], k[:1], v[:1], causal=causal)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    sdpa = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+    ours_err = (out[:1].double() - ref).abs().max().item()
+    sdpa_err = (sdpa[:1].double() - ref).abs().max().item()
+    print(f"max |error| vs float64 reference: flashtile {ours_err:.2e}, PyTorch SDPA {sdpa_err:.2e}")
+
+    flops = fwd_flops(batch, nheads, seqlen, seqlen, head_dim, causal)
+    if interpreter:
+        ours_ms = _median_ms(lambda: flash_attn_func(q, k, v, causal=causal), 3)
+        sdpa_ms = _median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), 3)
+    else:
+        from .bench.__main__ import bench_ms
+        ours_ms = bench_ms(lambda: flash_attn_func(q, k, v, causal=causal))
+        sdpa_ms = bench_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+    for name, ms in (("flashtile", ours_ms), ("PyTorch SDPA", sdpa_ms)):
+        print(f"{name:>13}: {ms:9.3f} ms  {flops / ms / 1e9:8.2f} TFLOP/s")
+    ok = ours_err <= 2 * sdpa_err + 1e-3
+    print("check: PASS" if ok else "check: FAIL")
+    return 0 if ok else 1
+
+
+def info(_args):
+    import triton
+    print(f"torch {torch.__version__}, triton {triton.__version__}")
+    if torch.cuda.is_available():
+        print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
+    else:
+        print("no CUDA GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1)")
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="flashtile", description="exact attention in Triton")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_demo = sub.add_parser("demo", help="run attention on one shape, check it, time it beside PyTorch SDPA")
+    p_demo.add_argument("--seqlen", type=int, default=None)
+    p_demo.add_argument("--no-causal", action="store_true")
+    sub.add_parser("bench", help="the full benchmark (GPU); same as python -m flashtile.bench", add_help=False)
+    sub.add_parser("tune", help="the tile-config sweep (GPU)", add_help=False)
+    sub.add_parser("info", help="versions and device")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        from .bench.__main__ import main as bench_main
+        return bench_main(rest)
+    if args.command == "tune":
+        from .bench.tune import main as tune_main
+        return tune_main(rest)
+    return {"demo": demo, "info": info}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

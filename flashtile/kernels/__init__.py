@@ -1,0 +1,1 @@
+"""Triton kernels. Each algorithm lives in its own file; they share the online-softmax step."""

@@ -1,0 +1,84 @@
+"""Naive attention in three stages: scores S, probabilities P, output P·V.
+
+It materializes S and P (O(N²) memory), which makes it the golden oracle of the tests (run it in
+float64 on upcast inputs) and the "naive" entry of the benchmark (run it in the input dtype).
+Layout is flash-attn's: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim),
+or packed (total, nheads, headdim) with ``cu_seqlens``.
+"""
+import math
+
+import torch
+
+
+def allowed_keys(seqlen_q, seqlen_k, causal=False, window_size=(-1, -1), bottom_right=True, device=None):
+    """Boolean [seqlen_q, seqlen_k]: True where query i may attend to key j.
+
+    Query i sits on the diagonal at key i + (seqlen_k - seqlen_q) (bottom-right, flash-attn) or at
+    key i (top-left, PyTorch). ``window_size=(left, right)`` keeps keys within left before and right
+    after that diagonal position; -1 means unbounded. ``causal`` is the window (left, 0).
+    """
+    left, right = window_size
+    if causal:
+        right = 0
+    diag = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q if bottom_right else 0)
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    ok = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        ok &= j <= diag + right
+    if left >= 0:
+        ok &= j >= diag - left
+    return ok
+
+
+def scores(q, k, softmax_scale):
+    """Stage 1: S = scale · Q Kᵀ, [batch, nheads, seqlen_q, seqlen_k]. K heads repeat for GQA/MQA."""
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2) if group > 1 else k
+    return torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+
+
+def softmax_rows(s, allowed):
+    """Stage 2: P = softmax(S) over keys where ``allowed``; a row with no allowed key gives P = 0.
+
+    Returns P and the row log-sum-exp (−inf for an empty row)."""
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
+    return p, lse
+
+
+def weighted_values(p, v, nheads):
+    """Stage 3: O = P V, [batch, seqlen_q, nheads, headdim]."""
+    group = nheads // v.shape[2]
+    v = v.repeat_interleave(group, dim=2) if group > 1 else v
+    return torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+
+
+def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), bottom_right=True,
+              upcast=True):
+    """Naive attention on (batch, seqlen, nheads, headdim). Returns (out, lse[batch, nheads, seqlen_q]).
+
+    ``upcast=True`` computes in float64 (the oracle) and returns a float64 out; ``upcast=False``
+    computes in the inputs' own dtype, as a plain PyTorch user would.
+    """
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    s = scores(q, k, softmax_scale)
+    allowed = allowed_keys(q.shape[1], k.shape[1], causal, window_size, bottom_right, q.device)
+    p, lse = softmax_rows(s, allowed)
+    return weighted_values(p, v, q.shape[2]), lse.float()
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
+                     window_size=(-1, -1), upcast=True):
+    """Naive attention on packed (total, nheads, headdim) sequences. Returns (out, lse[nheads, total_q])."""
+    outs, lses = [], []
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        o, lse = attention(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
+                           softmax_scale, causal, window_size, True, upcast)
+        outs.append(o[0])
+        lses.append(lse[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
+# Usage: bash scripts/gpu_session.sh [tests] [tune] [bench] [bench-quick]
+set -u
+out=${OUT:-results}
+mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
+for step in "$@"; do
+  case $step in
+    tests) python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -30 | tee "$out/tests.log" ;;
+    tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
+    bench) python3 -m flashtile.bench --out "$out/bench" 2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
+    bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
+                   2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
+  esac
+done

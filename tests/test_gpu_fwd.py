@@ -1,0 +1,85 @@
+"""GPU tier (`pytest -m gpu`): real sizes, bf16 and fp16, against the float64 reference."""
+import pytest
+import torch
+
+import flashtile
+from flashtile import reference
+from helpers import (DTYPE_IDS, assert_attention_close, poisoned_outputs, randn, torch_attention,
+                     torch_attention_varlen, varlen_inputs)
+
+pytestmark = pytest.mark.gpu
+
+LOW = [torch.bfloat16, torch.float16]
+
+
+def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, window_size=(-1, -1)):
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    v = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                                return_attn_probs=True)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, window_size=window_size)
+    assert_attention_close(out, ref, torch_attention(q, k, v, causal, window_size), lse, ref_lse)
+
+
+def _large_cases():
+    for head_dim in (64, 128, 256):
+        for seqlen in (1024, 4096, 16384):
+            for dtype in LOW:
+                if seqlen == 16384 and dtype != torch.bfloat16:
+                    continue
+                yield pytest.param(seqlen, head_dim, dtype, id=f"n{seqlen}-d{head_dim}-{DTYPE_IDS[dtype]}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen, head_dim, dtype", list(_large_cases()))
+def test_large(seqlen, head_dim, dtype, causal):
+    check(1, seqlen, seqlen, 2, 2, head_dim, dtype, causal)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("seqlens", [(1, 4097), (1000, 3000), (3000, 1000), (777, 777)],
+                         ids=lambda s: f"q{s[0]}k{s[1]}")
+@pytest.mark.parametrize("head_dim", [40, 96, 128], ids=lambda d: f"d{d}")
+def test_ragged_causal_gqa(head_dim, seqlens, dtype):
+    check(2, *seqlens, 8, 2, head_dim, dtype, causal=True)
+
+
+@pytest.mark.parametrize("window_size", [(256, 0), (100, 100), (-1, 64)], ids=lambda w: f"w{w[0]}_{w[1]}")
+def test_window(window_size):
+    check(2, 2048, 2048, 4, 1, 128, torch.bfloat16, causal=False, window_size=window_size)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen(causal):
+    seqlens_q, seqlens_k = [1, 0, 2048, 300, 4000, 77], [1, 129, 2048, 5000, 4000, 0]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16)
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                       causal=causal, return_attn_probs=True)
+    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
+    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+
+
+def test_sdpa_entry_point():
+    q, k, v = (randn(2, 16, 2048, 128, dtype=torch.bfloat16) for _ in range(3))
+    with poisoned_outputs():
+        out = flashtile.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert_attention_close(out, ref, expected)
+
+
+def test_deterministic():
+    q, k, v = (randn(4, 4096, 16, 128, dtype=torch.bfloat16) for _ in range(3))
+    first = flashtile.flash_attn_func(q, k, v, causal=True)
+    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=True)) for _ in range(3))
+
+
+def test_large_logits_bf16():
+    q = randn(1, 4096, 4, 128, dtype=torch.bfloat16, scale=30.0)
+    k, v = (randn(1, 4096, 4, 128, dtype=torch.bfloat16) for _ in range(2))
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    ref, _ = reference.attention(q, k, v, causal=True)
+    assert_attention_close(out, ref, torch_attention(q, k, v, True))
