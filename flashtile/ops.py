@@ -35,30 +35,19 @@ def _config(q, causal):
     return configs.fwd_config(head_dim_pad, causal, q.element_size(), _arch(q.device), interpreter_enabled())
 
 
-def _strides3(t):
-    """(batch, token, head) strides of a 4-D (batch, seqlen, nheads, headdim) tensor or a packed one."""
-    if t.dim() == 4:
-        return (t.stride(0), t.stride(1), t.stride(2))
-    return (0, t.stride(0), t.stride(1))
-
-
 def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=None,
                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None):
     """Forward attention. q (batch, seqlen_q, nheads, headdim) or packed (total_q, nheads, headdim) with
     ``cu_seqlens_q``; ``out`` may be given as any strided view of that shape. Returns (out, lse), lse
     float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
     config (the tile sweep uses it)."""
-    packed = cu_seqlens_q is not None
     nheads = q.shape[-2]
-    if packed:
-        batch = cu_seqlens_q.numel() - 1
-        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+    if cu_seqlens_q is not None:
+        seqlen_k = max_seqlen_k
         lse = torch.empty(nheads, q.shape[0], device=q.device, dtype=torch.float32)
-        lse_strides = (0, lse.stride(0))
     else:
-        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-        lse_strides = (lse.stride(0), lse.stride(1))
+        seqlen_k = k.shape[1]
+        lse = torch.empty(q.shape[0], nheads, q.shape[1], device=q.device, dtype=torch.float32)
     if out is None:
         out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     if out.numel() == 0:
@@ -69,10 +58,9 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     o = _tma_ready(out)
     if q.device.type == "cuda":
         _ensure_allocator()
-    strides = _strides3(q) + _strides3(k) + _strides3(v) + _strides3(o) + lse_strides
     causal = window_size[1] == 0 and window_size[0] < 0
-    launch_fwd(q, k, v, o, lse, strides, seqlen_q, seqlen_k, seqlen_q, batch, cu_seqlens_q, cu_seqlens_k,
-               softmax_scale, window_size, bottom_right, config or _config(q, causal))
+    launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+               bottom_right, config or _config(q, causal))
     if o is not out:
         out.copy_(o)
     return out, lse

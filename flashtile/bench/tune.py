@@ -10,13 +10,13 @@ from ..configs import FwdConfig
 from .__main__ import TOKENS, HIDDEN, bench_ms, fwd_flops, progress
 
 CANDIDATES = [FwdConfig(bm, bn, w, s) for bm, bn, w, s in [
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3),
-    (128, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3)]]
+    (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
+    (128, 128, 4, 2), (128, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3)]]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.tune")
-    parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 16384])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     args = parser.parse_args(argv)
     results = {}

@@ -9,19 +9,21 @@ range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) unmaske
 """
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .online_softmax import online_softmax_step
 
-LN2 = 0.6931471805599453
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, diag, left, right, seqlen_k,
+def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, hi, offs_m, diag, left, right, seqlen_k,
                   qk_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, HEAD_DIM]
+        k = _load_tile(k_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if MASKED:
             cols = (start_n + offs_n)[None, :]
@@ -32,33 +34,57 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, diag, left, 
                 ok &= cols >= (offs_m + diag - left)[:, None]
             qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, MASKED)
-        v = v_desc.load([start_n, 0])  # [BLOCK_N, HEAD_DIM]
+        v = _load_tile(v_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return acc, l_i, m_i
 
 
 @triton.jit
+def _load_tile(desc, b, row, h, BLOCK: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """[BLOCK, HEAD_DIM_PAD] rows of one head: a 2-D per-sequence descriptor (varlen) or 4-D (b, n, h, d)."""
+    if IS_VARLEN:
+        tile = desc.load([row, 0])
+    else:
+        tile = desc.load([b, row, h, 0]).reshape(BLOCK, HEAD_DIM_PAD)
+    return tile
+
+
+@triton.jit
+def _store_tile(desc, b, row, h, tile, IS_VARLEN: tl.constexpr):
+    if IS_VARLEN:
+        desc.store([row, 0], tile)
+    else:
+        desc.store([b, row, h, 0], tile.reshape(1, tile.shape[0], 1, tile.shape[1]))
+
+
+@triton.jit
+def _sequence_desc(ptr, start, stride_n, head_offset, seqlen, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                   HEAD_DIM_PAD: tl.constexpr):
+    """A 2-D descriptor over one head of one packed sequence; its bounds mask the ragged tail."""
+    return tl.make_tensor_descriptor(ptr + start * stride_n + head_offset, shape=[tl.maximum(seqlen, 1), HEAD_DIM],
+                                     strides=[stride_n, 1], block_shape=[BLOCK, HEAD_DIM_PAD])
+
+
+@triton.jit
 def flash_fwd_kernel(
     Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k,
-    stride_qb, stride_qn, stride_qh,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_ob, stride_on, stride_oh,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, nheads, group, qk_scale, left, right,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
     MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Q, K, V, O: 4-D (batch, seqlen, nheads, headdim) tensor descriptors, or, with IS_VARLEN, pointers
+    to packed (total, nheads, headdim) tensors whose sequences cu_seqlens delimit."""
     # Q tiles with the most keys (the last ones, under a causal mask) are launched first.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // nheads).to(tl.int64)
-    h = (pid_bh % nheads).to(tl.int64)
+    b = pid_bh // nheads
+    h = pid_bh % nheads
     h_k = h // group
     q_start = tl.zeros([], tl.int64)
-    k_start = tl.zeros([], tl.int64)
     if IS_VARLEN:
         q_start = tl.load(cu_seqlens_q + b).to(tl.int64)
         k_start = tl.load(cu_seqlens_k + b).to(tl.int64)
@@ -66,18 +92,15 @@ def flash_fwd_kernel(
         seqlen_k = (tl.load(cu_seqlens_k + b + 1) - k_start).to(tl.int32)
     start_m = pid_m * BLOCK_M
     if start_m < seqlen_q:
-        q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + q_start * stride_qn + h * stride_qh,
-                                           shape=[seqlen_q, HEAD_DIM], strides=[stride_qn, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM_PAD])
-        k_desc = tl.make_tensor_descriptor(K + b * stride_kb + k_start * stride_kn + h_k * stride_kh,
-                                           shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N, HEAD_DIM_PAD])
-        v_desc = tl.make_tensor_descriptor(V + b * stride_vb + k_start * stride_vn + h_k * stride_vh,
-                                           shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N, HEAD_DIM_PAD])
-        o_desc = tl.make_tensor_descriptor(O + b * stride_ob + q_start * stride_on + h * stride_oh,
-                                           shape=[seqlen_q, HEAD_DIM], strides=[stride_on, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM_PAD])
+        if IS_VARLEN:
+            q_desc = _sequence_desc(Q, q_start, stride_qn, h * stride_qh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
+            k_desc = _sequence_desc(K, k_start, stride_kn, h_k * stride_kh, seqlen_k, HEAD_DIM, BLOCK_N,
+                                    HEAD_DIM_PAD)
+            v_desc = _sequence_desc(V, k_start, stride_vn, h_k * stride_vh, seqlen_k, HEAD_DIM, BLOCK_N,
+                                    HEAD_DIM_PAD)
+            o_desc = _sequence_desc(O, q_start, stride_on, h * stride_oh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
+        else:
+            q_desc, k_desc, v_desc, o_desc = Q, K, V, O
 
         diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         lo = 0
@@ -98,40 +121,51 @@ def flash_fwd_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-        q = q_desc.load([start_m, 0])  # [BLOCK_M, HEAD_DIM]
+        q = _load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
 
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, full_lo, offs_m, diag, left,
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, full_lo, offs_m, diag, left,
                                       right, seqlen_k, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N,
-                                      DOT_PRECISION)
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, full_lo, full_hi, offs_m, diag,
+                                      HEAD_DIM_PAD, IS_VARLEN, DOT_PRECISION)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, full_lo, full_hi, offs_m, diag,
                                       left, right, seqlen_k, qk_scale, False, MASK_LEFT, MASK_RIGHT,
-                                      BLOCK_N, DOT_PRECISION)
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, full_hi, hi, offs_m, diag, left,
+                                      BLOCK_N, HEAD_DIM_PAD, IS_VARLEN, DOT_PRECISION)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, full_hi, hi, offs_m, diag, left,
                                       right, seqlen_k, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N,
-                                      DOT_PRECISION)
+                                      HEAD_DIM_PAD, IS_VARLEN, DOT_PRECISION)
 
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        o_desc.store([start_m, 0], acc.to(O.dtype.element_ty))
-        lse_ptrs = LSE + b * stride_lb + h * stride_lh + q_start + offs_m
+        _store_tile(o_desc, b, start_m, h, acc.to(q.dtype), IS_VARLEN)
+        lse_ptrs = LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
         tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
 
 
-def launch_fwd(q, k, v, out, lse, strides, seqlen_q, seqlen_k, max_seqlen_q, batch, cu_seqlens_q,
-               cu_seqlens_k, softmax_scale, window_size, bottom_right, config):
-    """Launch the forward on prepared tensors. ``strides`` holds (batch, token, head) strides of q, k,
-    v, out and (batch, head) of lse; in packed (varlen) mode the batch strides are 0."""
+def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+               bottom_right, config):
+    """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
+    seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q)."""
     nheads, head_dim = q.shape[-2], q.shape[-1]
+    head_dim_pad = max(32, triton.next_power_of_2(head_dim))
     left, right = window_size
     is_varlen = cu_seqlens_q is not None
-    grid = (triton.cdiv(max_seqlen_q, config.block_m), batch * nheads)
+    if is_varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
+        args = (q, k, v, out)
+        lse_strides = (0, lse.stride(0))
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        args = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block, 1, head_dim_pad])
+                     for t, block in ((q, config.block_m), (k, config.block_n), (v, config.block_n),
+                                      (out, config.block_m)))
+        lse_strides = (lse.stride(0), lse.stride(1))
+    strides = [s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2))]
+    grid = (triton.cdiv(seqlen_q, config.block_m), batch * nheads)
     flash_fwd_kernel[grid](
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *strides,
+        *args, lse, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
         seqlen_q, seqlen_k, nheads, nheads // k.shape[-2], softmax_scale * 1.4426950408889634,
         max(left, 0), max(right, 0),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
