@@ -11,15 +11,18 @@ class FwdConfig:
     num_stages: int
 
 
-# sm90 (H200), bf16/fp16. Chosen by `python -m flashtile.bench.tune` (docs/perf.md, "Tile sweep"):
-# the best median TFLOP/s over N in {2048, 4096, 16384} of B·N = 16k tokens, H·D = 2048.
+# sm90 (H200), bf16/fp16. Chosen by `python -m flashtile.bench.tune` on 2026-11-29 (docs/results/tune-v2.md):
+# 64x64 tiles, 4 warps, 3 stages had the best mean TFLOP/s over N in {2k, 4k, 8k, 16k} (B·N = 16k,
+# H·D = 2048) at D=128 causal and not and D=64 causal; at D=64 non-causal it tied 128x128x4x3 (440 vs 441).
+# Two such programs fit on one SM, so one's softmax overlaps the other's matrix products.
+# D=32 and D=256 were not swept: 32 reuses the 64 choice; 256 needs the smaller K/V tile to fit.
 FWD_SM90 = {
-    (32, False): FwdConfig(128, 128, 4, 3),
-    (32, True): FwdConfig(128, 128, 4, 3),
-    (64, False): FwdConfig(128, 128, 8, 3),
-    (64, True): FwdConfig(128, 128, 8, 3),
-    (128, False): FwdConfig(128, 128, 8, 3),
-    (128, True): FwdConfig(128, 128, 8, 3),
+    (32, False): FwdConfig(64, 64, 4, 3),
+    (32, True): FwdConfig(64, 64, 4, 3),
+    (64, False): FwdConfig(64, 64, 4, 3),
+    (64, True): FwdConfig(64, 64, 4, 3),
+    (128, False): FwdConfig(64, 64, 4, 3),
+    (128, True): FwdConfig(64, 64, 4, 3),
     (256, False): FwdConfig(128, 64, 8, 2),
     (256, True): FwdConfig(128, 64, 8, 2),
 }
