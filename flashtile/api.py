@@ -4,12 +4,6 @@ import torch
 from . import checks, ops
 
 
-def _no_autograd(*tensors):
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise NotImplementedError("flashtile has no backward pass yet: call it under torch.no_grad() "
-                                  "or with inputs that do not require grad")
-
-
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """Attention on (batch, seqlen, nheads, headdim) tensors, as ``flash_attn.flash_attn_func``.
@@ -18,14 +12,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     ``causal`` aligns the mask bottom-right when seqlen_q != seqlen_k; ``window_size=(left, right)``
     keeps keys within left before and right after the diagonal (-1: unbounded).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q], None) with ``return_attn_probs``.
-    The forward is deterministic whatever ``deterministic`` says.
+    Differentiable: ``deterministic=True`` makes dQ, dK, dV bitwise reproducible (dQ gets its own pass
+    instead of atomics). The gradient of the returned LSE is not propagated.
     """
     checks.not_implemented(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
     checks.qkv(q, k, v, packed=False)
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
     window = checks.window(window_size, causal)
-    _no_autograd(q, k, v)
-    out, lse = ops.attention_forward(q, k, v, scale, window, bottom_right=True)
+    out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -46,10 +40,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          f"{cu_seqlens_k.numel()}; both must be batch + 1")
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
     window = checks.window(window_size, causal)
-    _no_autograd(q, k, v)
-    out, lse = ops.attention_forward(q, k, v, scale, window, bottom_right=True, cu_seqlens_q=cu_seqlens_q,
-                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                     max_seqlen_k=max_seqlen_k)
+    out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
+                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                   max_seqlen_k=max_seqlen_k)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -72,7 +65,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     checks.qkv(q, k, v, packed=False)
     softmax_scale = checks.softmax_scale(scale, q.shape[-1])
     window = checks.window((-1, -1), is_causal)
-    _no_autograd(q, k, v)
-    out = torch.empty(query.shape[:-1] + (value.shape[-1],), device=query.device, dtype=query.dtype)
-    ops.attention_forward(q, k, v, softmax_scale, window, bottom_right=False, out=out.transpose(1, 2))
-    return out
+    out, _ = ops.flash_attention(q, k, v, softmax_scale, window, bottom_right=False, heads_first_out=True)
+    return out.transpose(1, 2)

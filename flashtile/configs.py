@@ -4,11 +4,17 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class FwdConfig:
-    block_m: int
-    block_n: int
+class TileConfig:
+    block_m: int  # query rows per tile
+    block_n: int  # key/value rows per tile
     num_warps: int
     num_stages: int
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    dkdv: TileConfig  # owns a K/V tile of block_n rows, iterates Q tiles of block_m
+    dq: TileConfig  # owns a Q tile of block_m rows, iterates K/V tiles of block_n
 
 
 # sm90 (H200), bf16/fp16. Chosen by `python -m flashtile.bench.tune` on 2026-11-29 (docs/results/tune-v2.md):
@@ -17,30 +23,30 @@ class FwdConfig:
 # Two such programs fit on one SM, so one's softmax overlaps the other's matrix products.
 # D=32 and D=256 were not swept: 32 reuses the 64 choice; 256 needs the smaller K/V tile to fit.
 FWD_SM90 = {
-    (32, False): FwdConfig(64, 64, 4, 3),
-    (32, True): FwdConfig(64, 64, 4, 3),
-    (64, False): FwdConfig(64, 64, 4, 3),
-    (64, True): FwdConfig(64, 64, 4, 3),
-    (128, False): FwdConfig(64, 64, 4, 3),
-    (128, True): FwdConfig(64, 64, 4, 3),
-    (256, False): FwdConfig(128, 64, 8, 2),
-    (256, True): FwdConfig(128, 64, 8, 2),
+    (32, False): TileConfig(64, 64, 4, 3),
+    (32, True): TileConfig(64, 64, 4, 3),
+    (64, False): TileConfig(64, 64, 4, 3),
+    (64, True): TileConfig(64, 64, 4, 3),
+    (128, False): TileConfig(64, 64, 4, 3),
+    (128, True): TileConfig(64, 64, 4, 3),
+    (256, False): TileConfig(128, 64, 8, 2),
+    (256, True): TileConfig(128, 64, 8, 2),
 }
 
 # Any other CUDA GPU: conservative tiles that fit 100 KB of shared memory.
 FWD_GENERIC = {
-    32: FwdConfig(128, 64, 4, 3),
-    64: FwdConfig(128, 64, 4, 3),
-    128: FwdConfig(128, 64, 8, 2),
-    256: FwdConfig(64, 32, 4, 2),
+    32: TileConfig(128, 64, 4, 3),
+    64: TileConfig(128, 64, 4, 3),
+    128: TileConfig(128, 64, 8, 2),
+    256: TileConfig(64, 32, 4, 2),
 }
 
 # float32 inputs run the exact (ieee) dot: smaller tiles keep the operands in shared memory.
-FWD_FP32 = {32: FwdConfig(64, 64, 4, 2), 64: FwdConfig(64, 64, 4, 2), 128: FwdConfig(64, 32, 4, 2),
-            256: FwdConfig(32, 32, 4, 1)}
+FWD_FP32 = {32: TileConfig(64, 64, 4, 2), 64: TileConfig(64, 64, 4, 2), 128: TileConfig(64, 32, 4, 2),
+            256: TileConfig(32, 32, 4, 1)}
 
 # The Triton interpreter (CPU): large tiles mean fewer Python-level steps.
-FWD_INTERPRETER = FwdConfig(64, 64, 4, 1)
+FWD_INTERPRETER = TileConfig(64, 64, 4, 1)
 
 
 def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
@@ -52,3 +58,26 @@ def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     if arch == (9, 0):
         return FWD_SM90[(head_dim_pad, causal)]
     return FWD_GENERIC[head_dim_pad]
+
+
+# Backward, sm90, bf16/fp16: a first choice, checked to compile within shared memory
+# (tests/test_compile_sm90.py); docs/perf.md has its numbers.
+BWD_SM90 = {
+    32: BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
+    64: BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)),
+    128: BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(128, 64, 8, 2)),
+    256: BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
+}
+BWD_GENERIC = {d: BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)) for d in (32, 64, 128, 256)}
+BWD_FP32 = {d: BwdConfig(TileConfig(32, 32, 4, 1), TileConfig(32, 32, 4, 1)) for d in (32, 64, 128, 256)}
+BWD_INTERPRETER = BwdConfig(TileConfig(64, 64, 4, 1), TileConfig(64, 64, 4, 1))
+
+
+def bwd_config(head_dim_pad, itemsize, arch, interpreter):
+    if interpreter:
+        return BWD_INTERPRETER
+    if itemsize == 4:
+        return BWD_FP32[head_dim_pad]
+    if arch == (9, 0):
+        return BWD_SM90[head_dim_pad]
+    return BWD_GENERIC[head_dim_pad]

@@ -1,10 +1,19 @@
-"""Operations on checked inputs: prepare the tensors, pick the tile config, launch the kernel."""
+"""torch.library ops over the kernels, with autograd: ``flashtile::fwd`` and ``flashtile::bwd``.
+
+They take checked inputs (``api`` checks them), prepare tensors for the tensor descriptors, pick the
+tile config and launch. Being custom ops with fake implementations, they trace under torch.compile
+as single nodes, without graph breaks.
+"""
+from typing import Optional
+
 import torch
 import triton
 
 from . import configs
 from .checks import interpreter_enabled
+from .kernels.bwd import launch_bwd
 from .kernels.fwd import launch_fwd
+from .kernels.tiles import head_dim_pad
 
 _TMA_ALIGN = 16  # bytes: base address and every stride but the last of a TMA descriptor
 
@@ -12,17 +21,18 @@ _TMA_ALIGN = 16  # bytes: base address and every stride but the last of a TMA de
 def _tma_ready(t):
     """``t`` itself when a tensor descriptor can address it, else a fresh contiguous copy."""
     size = t.element_size()
-    aligned = t.stride(-1) == 1 and all((s * size) % _TMA_ALIGN == 0 for s in t.stride()[:-1])
+    aligned = t.stride(-1) == 1 and all((s * size) % _TMA_ALIGN == 0 and (s > 0 or n == 1)
+                                        for s, n in zip(t.stride()[:-1], t.shape[:-1]))
     if aligned and t.data_ptr() % _TMA_ALIGN == 0:
         return t
     return t.contiguous() if not t.is_contiguous() else t.clone()
 
 
-def _ensure_allocator():
-    """On-device tensor descriptors need scratch memory from Triton's allocator; set one if none is."""
+def _ensure_allocator(device):
+    """On-device tensor descriptors (varlen) need scratch memory from Triton's allocator; set one if none is."""
     from triton.runtime import _allocation
 
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    if device.type == "cuda" and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
@@ -30,37 +40,118 @@ def _arch(device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def _config(q, causal):
-    head_dim_pad = max(32, triton.next_power_of_2(q.shape[-1]))
-    return configs.fwd_config(head_dim_pad, causal, q.element_size(), _arch(q.device), interpreter_enabled())
+def _new_out(q, heads_first):
+    """O shaped like q; ``heads_first`` stores it as (batch, nheads, seqlen, headdim), SDPA's layout."""
+    if heads_first:
+        b, n, h, d = q.shape
+        return torch.empty(b, h, n, d, device=q.device, dtype=q.dtype).transpose(1, 2)
+    return torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
 
-def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=None,
-                      cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None):
-    """Forward attention. q (batch, seqlen_q, nheads, headdim) or packed (total_q, nheads, headdim) with
-    ``cu_seqlens_q``; ``out`` may be given as any strided view of that shape. Returns (out, lse), lse
-    float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
+def _new_lse(q, packed):
+    shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
+    return torch.empty(shape, device=q.device, dtype=torch.float32)
+
+
+def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=None, cu_seqlens_q=None,
+                      cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None):
+    """Forward attention into ``out`` (any strided tensor shaped like q, or a new one). Returns (out, lse),
+    lse float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
     config (the tile sweep uses it)."""
-    nheads = q.shape[-2]
-    if cu_seqlens_q is not None:
-        seqlen_k = max_seqlen_k
-        lse = torch.empty(nheads, q.shape[0], device=q.device, dtype=torch.float32)
-    else:
-        seqlen_k = k.shape[1]
-        lse = torch.empty(q.shape[0], nheads, q.shape[1], device=q.device, dtype=torch.float32)
-    if out is None:
-        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    packed = cu_seqlens_q is not None
+    lse = _new_lse(q, packed)
+    out = _new_out(q, False) if out is None else out
+    seqlen_k = max_seqlen_k if packed else k.shape[1]
     if out.numel() == 0:
         return out, lse
     if seqlen_k == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    o = _tma_ready(out)
-    if q.device.type == "cuda":
-        _ensure_allocator()
-    causal = window_size[1] == 0 and window_size[0] < 0
-    launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-               bottom_right, config or _config(q, causal))
+    q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
+    _ensure_allocator(q.device)
+    if config is None:
+        causal = window_size[1] == 0 and window_size[0] < 0
+        config = configs.fwd_config(head_dim_pad(q.shape[-1]), causal, q.element_size(), _arch(q.device),
+                                    interpreter_enabled())
+    launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
+               config)
     if o is not out:
         out.copy_(o)
     return out, lse
+
+
+def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic,
+                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None):
+    """Gradients (dq, dk, dv), shaped like q, k, v. ``deterministic`` computes dQ in its own pass, with
+    no atomics, so that every gradient is bitwise reproducible."""
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    seqlen_k = max_seqlen_k if cu_seqlens_q is not None else k.shape[1]
+    if q.numel() == 0 or k.numel() == 0 or seqlen_k == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
+        dk.zero_()
+        dv.zero_()
+    dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
+    _ensure_allocator(q.device)
+    if config is None:
+        config = configs.bwd_config(head_dim_pad(q.shape[-1]), q.element_size(), _arch(q.device),
+                                    interpreter_enabled())
+    launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+               softmax_scale, window_size, bottom_right, deterministic, config)
+    return dq, dk, dv
+
+
+@torch.library.custom_op("flashtile::fwd", mutates_args=())
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+        window_left: int, window_right: int, bottom_right: bool, heads_first_out: bool,
+        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward as one op. ``deterministic`` only travels to the backward."""
+    out = _new_out(q, heads_first_out)
+    return attention_forward(q, k, v, softmax_scale, (window_left, window_right), bottom_right, out, cu_seqlens_q,
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+              window_right, bottom_right, heads_first_out, deterministic):
+    return _new_out(q, heads_first_out), _new_lse(q, cu_seqlens_q is not None)
+
+
+@torch.library.custom_op("flashtile::bwd", mutates_args=())
+def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
+        bottom_right: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
+                              deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, *args):
+    return (torch.empty(q.shape, device=q.device, dtype=q.dtype), torch.empty(k.shape, device=k.device, dtype=k.dtype),
+            torch.empty(v.shape, device=v.device, dtype=v.dtype))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.params = inputs[5:11] + inputs[12:]  # max_seqlen_q … bottom_right, deterministic
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic=False, heads_first_out=False,
+                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    """The differentiable attention every entry point calls: (out, lse)."""
+    return fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size[0],
+               window_size[1], bottom_right, heads_first_out, deterministic)

@@ -1,5 +1,5 @@
-"""Compile the forward kernel for sm90 on a machine without a GPU (ptxas ships with triton) and
-report each tile config's shared memory and instruction mix. Used by tests/test_compile_sm90.py.
+"""Compile the kernels for sm90 on a machine without a GPU (ptxas ships with triton) and report each
+tile config's shared memory and instruction mix. Used by tests/test_compile_sm90.py.
 
     TRITON_INTERPRET=0 python scripts/compile_sm90.py
 """
@@ -11,37 +11,60 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from flashtile import configs
+from flashtile.kernels.bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
+from flashtile.kernels.tiles import head_dim_pad
 
-INTS = ["stride_qn", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_on", "stride_oh",
-        "stride_lb", "stride_lh", "seqlen_q", "seqlen_k", "nheads", "group"]
+FLOATS = {"qk_scale", "softmax_scale"}
 
 
-def compile_fwd(head_dim, cfg, varlen, causal, dtype="bf16"):
-    pad = max(32, triton.next_power_of_2(head_dim))
+def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
+    """tensors: name -> block rows of its tiles (a descriptor in batch mode, a pointer when varlen)."""
+    pad = consts["HEAD_DIM_PAD"]
     sig = {}
-    for name, block in (("Q", cfg.block_m), ("K", cfg.block_n), ("V", cfg.block_n), ("O", cfg.block_m)):
-        sig[name] = f"*{dtype}" if varlen else f"tensordesc<{dtype}[1, {block}, 1, {pad}]>"
-    sig.update(LSE="*fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
-    sig.update({n: "i32" for n in INTS})
-    sig.update(qk_scale="fp32", left="i32", right="i32")
-    consts = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  IS_VARLEN=varlen, BOTTOM_RIGHT=True, MASK_LEFT=False, MASK_RIGHT=causal,
-                  DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
-    sig.update({k: "constexpr" for k in consts})
-    kernel = triton.compile(ASTSource(flash_fwd_kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    ptx = kernel.asm["ptx"]
-    return dict(head_dim=head_dim, config=list(cfg.__dict__.values()), varlen=varlen, causal=causal,
-                shared=kernel.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
-                tma_loads=ptx.count("cp.async.bulk.tensor"), local=ptx.count("ld.local") + ptx.count("st.local"))
+    for name in kernel.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in tensors:
+            sig[name] = f"*{dtype}" if varlen else f"tensordesc<{dtype}[1, {tensors[name]}, 1, {pad}]>"
+        elif name in ("LSE", "Delta", "dQacc"):
+            sig[name] = "*fp32"
+        elif name.startswith("cu_seqlens"):
+            sig[name] = "*i32"
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    ptx = compiled.asm["ptx"]
+    return dict(kernel=kernel.__name__, head_dim=consts["HEAD_DIM"], config=list(cfg.__dict__.values()),
+                varlen=varlen, causal=consts["MASK_RIGHT"], shared=compiled.metadata.shared,
+                wgmma=ptx.count("wgmma.mma_async"), tma_loads=ptx.count("cp.async.bulk.tensor"),
+                local=ptx.count("ld.local") + ptx.count("st.local"))
+
+
+def consts_for(head_dim, cfg, varlen, causal, **extra):
+    return dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                IS_VARLEN=varlen, BOTTOM_RIGHT=True, MASK_LEFT=False, MASK_RIGHT=causal, DOT_PRECISION="tf32",
+                **extra)
 
 
 def main():
     rows = []
     for (pad, causal), cfg in configs.FWD_SM90.items():
         for varlen in (False, True):
-            rows.append(compile_fwd(pad, cfg, varlen, causal))
+            tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
+            rows.append(compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen))
+    for pad, bwd in configs.BWD_SM90.items():
+        for varlen in (False, True):
+            cfg = bwd.dkdv
+            tensors = dict(Q=cfg.block_m, dO=cfg.block_m, K=cfg.block_n, V=cfg.block_n, dK=cfg.block_n,
+                           dV=cfg.block_n)
+            for atomic in (False, True):
+                rows.append(compile_kernel(flash_bwd_dkdv_kernel, tensors,
+                                           consts_for(pad, cfg, varlen, True, ATOMIC_DQ=atomic), cfg, varlen))
+            cfg = bwd.dq
+            tensors = dict(Q=cfg.block_m, dO=cfg.block_m, dQ=cfg.block_m, K=cfg.block_n, V=cfg.block_n)
+            rows.append(compile_kernel(flash_bwd_dq_kernel, tensors, consts_for(pad, cfg, varlen, True), cfg, varlen))
     json.dump(rows, sys.stdout, indent=None)
 
 

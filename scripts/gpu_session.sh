@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
-# Usage: bash scripts/gpu_session.sh [tests] [tune] [bench] [bench-quick]
+# Usage: bash scripts/gpu_session.sh [tests] [tune] [tune-bwd] [bench] [bench-quick]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -10,7 +10,9 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -30 | tee "$out/tests.log" ;;
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
-    bench) python3 -m flashtile.bench --out "$out/bench" 2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
+    tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \
+                | tee "$out/tune-bwd.log" ;;
+    bench) python3 -m flashtile.bench --backward --out "$out/bench" 2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

@@ -39,14 +39,23 @@ def is_oom(err):
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
-def time_peer(make, causal, q, k, v, warmup, rep):
-    """Median ms of one peer, or the reason it could not run."""
+def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
+    """Median ms of one peer's forward (or forward + backward), or the reason it could not run."""
     try:
         prepare, run = make(causal)
         args = prepare(q, k, v)
-        run(*args)
+        if backward:
+            args = tuple(t.requires_grad_() for t in args)
+            dout = torch.randn_like(run(*args))
+
+            def step():
+                torch.autograd.grad(run(*args), args, dout)
+        else:
+            def step():
+                run(*args)
+        step()
         torch.cuda.synchronize()
-        return bench_ms(lambda: run(*args), warmup, rep), None
+        return bench_ms(step, warmup, rep), None
     except Exception as err:  # a peer that cannot run this shape is reported, not fatal
         torch.cuda.synchronize()
         return None, "OOM" if is_oom(err) else f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
@@ -62,9 +71,10 @@ def grid(seqlens, head_dims, causals):
                            head_dim=head_dim, causal=causal)
 
 
-def run_grid(shapes, peers, warmup, rep, rounds):
+def run_grid(shapes, peers, warmup, rep, rounds, backward):
     """Every peer on every shape; the peers take turns ``rounds`` times per shape and each keeps its best
-    median, so a clock dip during one peer's turn does not decide the comparison."""
+    median, so a clock dip during one peer's turn does not decide the comparison. With ``backward`` each
+    row also has the backward, timed as (forward + backward) - forward, at 2.5x the forward's FLOPs."""
     rows = []
     for shape in progress(shapes, "forward grid"):
         b, n, h, d, causal = shape["batch"], shape["seqlen"], shape["nheads"], shape["head_dim"], shape["causal"]
@@ -73,17 +83,26 @@ def run_grid(shapes, peers, warmup, rep, rounds):
         best = {}
         for _ in range(rounds):
             for peer in peers:
-                ms, error = time_peer(FORWARD[peer], causal, q, k, v, warmup, rep)
-                if peer not in best or (ms and (best[peer][0] is None or ms < best[peer][0])):
-                    best[peer] = (ms, error)
+                for mode in (("fwd", "fwdbwd") if backward else ("fwd",)):
+                    ms, error = time_peer(FORWARD[peer], causal, q, k, v, warmup, rep, mode == "fwdbwd")
+                    old = best.get((peer, mode))
+                    if old is None or (ms and (old[0] is None or ms < old[0])):
+                        best[(peer, mode)] = (ms, error)
         for peer in peers:
-            ms, error = best[peer]
-            rows.append(dict(shape, peer=peer, ms=ms, tflops=flops / ms / 1e9 if ms else None, error=error))
+            ms, error = best[(peer, "fwd")]
+            row = dict(shape, peer=peer, ms=ms, tflops=flops / ms / 1e9 if ms else None, error=error)
+            if backward:
+                total, bwd_error = best[(peer, "fwdbwd")]
+                bwd_ms = total - ms if total and ms else None
+                row.update(fwdbwd_ms=total, bwd_ms=bwd_ms, bwd_tflops=2.5 * flops / bwd_ms / 1e9 if bwd_ms else None,
+                           bwd_error=bwd_error)
+            rows.append(row)
         del q, k, v
     return rows
 
 
-def memory_sweep(seqlens, peers=("flashtile", "naive"), nheads=16, head_dim=128):
+def memory_sweep(seqlens, peers=("flashtile", "naive"), nheads=16, head_dim=128, backward=False):
+    """Peak memory beyond the inputs, causal, B=1; forward only or forward + backward."""
     rows = []
     for n in progress(seqlens, "memory sweep"):
         for peer in peers:
@@ -93,27 +112,27 @@ def memory_sweep(seqlens, peers=("flashtile", "naive"), nheads=16, head_dim=128)
                 q, k, v = (torch.randn(1, n, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
                            for _ in range(3))
                 base = torch.cuda.memory_allocated()
-                ms, error = time_peer(FORWARD[peer], True, q, k, v, warmup=1, rep=3)
+                ms, error = time_peer(FORWARD[peer], True, q, k, v, warmup=1, rep=3, backward=backward)
                 peak = torch.cuda.max_memory_allocated() - base
                 del q, k, v
             except Exception as err:
                 ms, peak, error = None, None, "OOM" if is_oom(err) else type(err).__name__
-            rows.append(dict(seqlen=n, peer=peer, ms=ms, peak_gib=peak / 2**30 if peak is not None and not error
+            rows.append(dict(seqlen=n, peer=peer, backward=backward, ms=ms, peak_gib=peak / 2**30 if peak is not None and not error
                              else None, error=error))
     return rows
 
 
-def table(rows, peers):
+def table(rows, peers, key="tflops", error_key="error"):
     """Markdown: one line per shape, TFLOP/s per peer, flashtile over the best other peer."""
     lines = ["| D | causal | N | B×H | " + " | ".join(peers) + " | ours / best peer |",
              "|---" * (len(peers) + 5) + "|"]
     keys = sorted({(r["head_dim"], r["causal"], r["seqlen"], r["batch"], r["nheads"]) for r in rows})
     for d, causal, n, b, h in keys:
         cells = {r["peer"]: r for r in rows if (r["head_dim"], r["causal"], r["seqlen"]) == (d, causal, n)}
-        shown = [f"{cells[p]['tflops']:.0f}" if cells.get(p, {}).get("tflops") else
-                 (cells.get(p, {}).get("error") or "–")[:12] for p in peers]
-        others = [cells[p]["tflops"] for p in peers if p != "flashtile" and cells.get(p, {}).get("tflops")]
-        ours = cells.get("flashtile", {}).get("tflops")
+        shown = [f"{cells[p][key]:.0f}" if cells.get(p, {}).get(key) else
+                 (cells.get(p, {}).get(error_key) or "–")[:12] for p in peers]
+        others = [cells[p][key] for p in peers if p != "flashtile" and cells.get(p, {}).get(key)]
+        ours = cells.get("flashtile", {}).get(key)
         ratio = f"{ours / max(others):.2f}" if ours and others else "–"
         lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {b}×{h} | " + " | ".join(shown) + f" | {ratio} |")
     return "\n".join(lines)
@@ -128,7 +147,7 @@ def memory_table(rows):
     return "\n".join(lines)
 
 
-def plot(rows, peers, path):
+def plot(rows, peers, path, key="tflops", what="forward"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -136,14 +155,14 @@ def plot(rows, peers, path):
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (d, causal) in zip(axes[0], panels):
         for peer in peers:
-            pts = sorted((r["seqlen"], r["tflops"]) for r in rows
-                         if (r["head_dim"], r["causal"], r["peer"]) == (d, causal, peer) and r["tflops"])
+            pts = sorted((r["seqlen"], r[key]) for r in rows
+                         if (r["head_dim"], r["causal"], r["peer"]) == (d, causal, peer) and r.get(key))
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=peer, linewidth=2.5 if peer == "flashtile" else 1.2)
         ax.set_xscale("log", base=2)
         ax.set_title(f"D={d}, {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("sequence length N (B·N = 16k)")
-        ax.set_ylabel("TFLOP/s (bf16 forward)")
+        ax.set_ylabel(f"TFLOP/s (bf16 {what})")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -160,6 +179,7 @@ def main(argv=None):
                         default=[4096, 8192, 16384, 32768, 65536, 131072])
     parser.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=100, help="do_bench repeats, ms")
+    parser.add_argument("--backward", action="store_true", help="also time forward + backward")
     parser.add_argument("--rounds", type=int, default=2, help="turns each peer takes per shape; best kept")
     parser.add_argument("--out", default="results", help="folder for bench.json, bench.md and bench.png")
     args = parser.parse_args(argv)
@@ -169,20 +189,29 @@ def main(argv=None):
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     started = time.time()
     rows = run_grid(list(grid(args.seqlens, args.head_dims, causals)), args.peers, args.warmup, args.rep,
-                    args.rounds)
+                    args.rounds, args.backward)
     mem = memory_sweep(args.memory_seqlens) if args.memory_seqlens else []
+    if args.memory_seqlens and args.backward:
+        mem += memory_sweep([n for n in args.memory_seqlens if n <= 32768], backward=True)
     device = torch.cuda.get_device_name()
     header = (f"{device}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
               f"bf16 forward TFLOP/s (median of do_bench, best of {args.rounds} turns), {time.strftime('%Y-%m-%d')}")
-    report = f"{header}\n\n{table(rows, args.peers)}\n"
-    if mem:
-        report += f"\nMemory sweep, causal, B=1, H=16, D=128:\n\n{memory_table(mem)}\n"
+    report = f"{header}\n\nForward:\n\n{table(rows, args.peers)}\n"
+    if args.backward:
+        report += f"\nBackward ((fwd+bwd) - fwd, 2.5x forward FLOPs):\n\n{table(rows, args.peers, 'bwd_tflops', 'bwd_error')}\n"
+    for backward in (False, True):
+        part = [r for r in mem if r["backward"] == backward]
+        if part:
+            what = "forward + backward" if backward else "forward"
+            report += f"\nMemory sweep, {what}, causal, B=1, H=16, D=128:\n\n{memory_table(part)}\n"
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(dict(device=device, torch=torch.__version__, forward=rows, memory=mem,
                        seconds=time.time() - started), f, indent=1)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(report)
     plot(rows, args.peers, os.path.join(args.out, "bench.png"))
+    if args.backward:
+        plot(rows, args.peers, os.path.join(args.out, "bench-bwd.png"), "bwd_tflops", "backward")
     print(report)
 
 

@@ -1,5 +1,6 @@
-"""The attention implementations users pick today, each wrapped as fn(q, k, v) -> out on
-flash-attn layout (batch, seqlen, nheads, headdim) inputs; layout changes happen outside the timed call."""
+"""The attention implementations users pick today. Each entry makes (prepare, run): ``prepare`` turns
+flash-attn layout (batch, seqlen, nheads, headdim) inputs into fresh leaf tensors in the peer's own
+layout, outside the timed call; ``run(q, k, v)`` is what gets timed."""
 import torch
 import torch.nn.functional as F
 
@@ -10,7 +11,7 @@ def flashtile_fwd(causal):
     from .. import flash_attn_func
 
     def prepare(q, k, v):
-        return q, k, v
+        return q.detach(), k.detach(), v.detach()
     return prepare, lambda q, k, v: flash_attn_func(q, k, v, causal=causal)
 
 
@@ -19,7 +20,7 @@ def sdpa_fwd(backend, causal):
     chosen = getattr(SDPBackend, backend)
 
     def prepare(q, k, v):
-        return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+        return tuple(t.transpose(1, 2).contiguous().detach() for t in (q, k, v))
 
     def run(q, k, v):
         with sdpa_kernel(chosen):
@@ -36,7 +37,7 @@ def flex_fwd(causal):
     state = {}
 
     def prepare(q, k, v):
-        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        q, k, v = (t.transpose(1, 2).contiguous().detach() for t in (q, k, v))
         state["mask"] = None
         if causal:
             state["mask"] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2],
@@ -48,7 +49,7 @@ def flex_fwd(causal):
 
 def naive_fwd(causal):
     def prepare(q, k, v):
-        return q, k, v
+        return q.detach(), k.detach(), v.detach()
     return prepare, lambda q, k, v: reference.attention(q, k, v, causal=causal, upcast=False)[0]
 
 

@@ -1,49 +1,69 @@
-"""``python -m flashtile.bench.tune``: sweep forward tile configs on the bench grid; the winners go
-into flashtile/configs.py by hand, the printed table into docs/perf.md."""
+"""``python -m flashtile.bench.tune [--backward]``: sweep tile configs on the bench grid; the winners go
+into flashtile/configs.py by hand, the printed table into docs/results/."""
 import argparse
 import itertools
 
 import torch
 
 from .. import checks, ops
-from ..configs import FwdConfig
-from .__main__ import TOKENS, HIDDEN, bench_ms, fwd_flops, progress
+from ..configs import BwdConfig, TileConfig
+from .__main__ import HIDDEN, TOKENS, bench_ms, fwd_flops, progress
 
-CANDIDATES = [FwdConfig(bm, bn, w, s) for bm, bn, w, s in [
+FWD_CANDIDATES = [TileConfig(*c) for c in [
     (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
     (128, 128, 4, 2), (128, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3)]]
+
+# (dkdv: Q tile iterated, K/V tile owned), (dq: Q tile owned, K/V tile iterated)
+BWD_CANDIDATES = [BwdConfig(TileConfig(*a), TileConfig(*b)) for a, b in [
+    ((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 128, 8, 3), (128, 64, 8, 3)), ((32, 128, 4, 3), (128, 32, 4, 3)),
+    ((64, 64, 4, 3), (64, 64, 4, 3)), ((32, 64, 4, 3), (64, 32, 4, 3)), ((64, 128, 4, 2), (128, 64, 4, 2))]]
+
+
+def _label(cfg):
+    if isinstance(cfg, BwdConfig):
+        return f"{_label(cfg.dkdv)} / {_label(cfg.dq)}"
+    return f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.tune")
     parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--backward", action="store_true", help="sweep the backward (atomic dQ path)")
     args = parser.parse_args(argv)
+    candidates = BWD_CANDIDATES if args.backward else FWD_CANDIDATES
     results = {}
-    cases = list(itertools.product(args.head_dims, [False, True], args.seqlens, CANDIDATES))
+    cases = list(itertools.product(args.head_dims, [False, True], args.seqlens, candidates))
     for d, causal, n, cfg in progress(cases, "tile sweep"):
         b, h = TOKENS // n, HIDDEN // d
-        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         window = checks.window((-1, -1), causal)
         scale = d ** -0.5
+        flops = fwd_flops(b, h, n, n, d, causal)
         try:
-            ms = bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40)
-            results[(d, causal, n, cfg)] = fwd_flops(b, h, n, n, d, causal) / ms / 1e9
+            if args.backward:
+                out, lse = ops.attention_forward(q, k, v, scale, window, True)
+                ms = bench_ms(lambda: ops.attention_backward(dout, q, k, v, out, lse, scale, window, True, False,
+                                                             config=cfg), 10, 40)
+                flops *= 2.5
+            else:
+                ms = bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40)
+            results[(d, causal, n, cfg)] = flops / ms / 1e9
         except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
             results[(d, causal, n, cfg)] = None
-            print(f"skip {cfg} d{d}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
-    print("| D | causal | BM,BN,warps,stages | " + " | ".join(f"N={n}" for n in args.seqlens) + " | mean |")
+            print(f"skip {_label(cfg)} d{d}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
+    print(f"| D | causal | {'dkdv / dq' if args.backward else 'BM,BN,warps,stages'} | "
+          + " | ".join(f"N={n}" for n in args.seqlens) + " | mean |")
     print("|---" * (len(args.seqlens) + 4) + "|")
     for d, causal in itertools.product(args.head_dims, [False, True]):
         scored = []
-        for cfg in CANDIDATES:
+        for cfg in candidates:
             vals = [results[(d, causal, n, cfg)] for n in args.seqlens]
             mean = sum(vals) / len(vals) if all(vals) else 0.0
             scored.append((mean, cfg, vals))
         for mean, cfg, vals in sorted(scored, key=lambda s: s[0], reverse=True):
             cells = " | ".join(f"{x:.0f}" if x else "–" for x in vals)
-            print(f"| {d} | {'yes' if causal else 'no'} | {cfg.block_m},{cfg.block_n},{cfg.num_warps},"
-                  f"{cfg.num_stages} | {cells} | {mean:.0f} |")
+            print(f"| {d} | {'yes' if causal else 'no'} | {_label(cfg)} | {cells} | {mean:.0f} |")
 
 
 if __name__ == "__main__":

@@ -5,15 +5,17 @@ tiles its rows may see, keeps the running max ``m_i``, denominator ``l_i`` and a
 registers, and writes O once, normalized, with the row log-sum-exp (natural log) beside it.
 
 Masking (causal, sliding window, ragged tails) costs only on the tiles that cross a boundary: the key
-range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) unmasked, [full_hi, hi) masked.
+range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) whole, [full_hi, hi) masked.
 """
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .online_softmax import online_softmax_step
+from .tiles import band_mask, band_tiles, head_dim_pad, host_descriptors, load_tile, sequence_bounds, \
+    sequence_desc, store_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -23,47 +25,16 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, hi, offs_m, diag
                   DOT_PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        k = _load_tile(k_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
+        k = load_tile(k_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if MASKED:
-            cols = (start_n + offs_n)[None, :]
-            ok = cols < seqlen_k
-            if MASK_RIGHT:
-                ok &= cols <= (offs_m + diag + right)[:, None]
-            if MASK_LEFT:
-                ok &= cols >= (offs_m + diag - left)[:, None]
+            ok = band_mask(offs_m, start_n + offs_n, seqlen_k, diag, left, right, MASK_LEFT, MASK_RIGHT)
             qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, MASKED)
-        v = _load_tile(v_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
+        v = load_tile(v_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return acc, l_i, m_i
-
-
-@triton.jit
-def _load_tile(desc, b, row, h, BLOCK: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """[BLOCK, HEAD_DIM_PAD] rows of one head: a 2-D per-sequence descriptor (varlen) or 4-D (b, n, h, d)."""
-    if IS_VARLEN:
-        tile = desc.load([row, 0])
-    else:
-        tile = desc.load([b, row, h, 0]).reshape(BLOCK, HEAD_DIM_PAD)
-    return tile
-
-
-@triton.jit
-def _store_tile(desc, b, row, h, tile, IS_VARLEN: tl.constexpr):
-    if IS_VARLEN:
-        desc.store([row, 0], tile)
-    else:
-        desc.store([b, row, h, 0], tile.reshape(1, tile.shape[0], 1, tile.shape[1]))
-
-
-@triton.jit
-def _sequence_desc(ptr, start, stride_n, head_offset, seqlen, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-                   HEAD_DIM_PAD: tl.constexpr):
-    """A 2-D descriptor over one head of one packed sequence; its bounds mask the ragged tail."""
-    return tl.make_tensor_descriptor(ptr + start * stride_n + head_offset, shape=[tl.maximum(seqlen, 1), HEAD_DIM],
-                                     strides=[stride_n, 1], block_shape=[BLOCK, HEAD_DIM_PAD])
 
 
 @triton.jit
@@ -84,44 +55,28 @@ def flash_fwd_kernel(
     b = pid_bh // nheads
     h = pid_bh % nheads
     h_k = h // group
-    q_start = tl.zeros([], tl.int64)
-    if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b).to(tl.int64)
-        k_start = tl.load(cu_seqlens_k + b).to(tl.int64)
-        seqlen_q = (tl.load(cu_seqlens_q + b + 1) - q_start).to(tl.int32)
-        seqlen_k = (tl.load(cu_seqlens_k + b + 1) - k_start).to(tl.int32)
+    q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
     start_m = pid_m * BLOCK_M
     if start_m < seqlen_q:
         if IS_VARLEN:
-            q_desc = _sequence_desc(Q, q_start, stride_qn, h * stride_qh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
-            k_desc = _sequence_desc(K, k_start, stride_kn, h_k * stride_kh, seqlen_k, HEAD_DIM, BLOCK_N,
-                                    HEAD_DIM_PAD)
-            v_desc = _sequence_desc(V, k_start, stride_vn, h_k * stride_vh, seqlen_k, HEAD_DIM, BLOCK_N,
-                                    HEAD_DIM_PAD)
-            o_desc = _sequence_desc(O, q_start, stride_on, h * stride_oh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
+            q_desc = sequence_desc(Q, q_start, stride_qn, h * stride_qh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
+            k_desc = sequence_desc(K, k_start, stride_kn, h_k * stride_kh, seqlen_k, HEAD_DIM, BLOCK_N,
+                                   HEAD_DIM_PAD)
+            v_desc = sequence_desc(V, k_start, stride_vn, h_k * stride_vh, seqlen_k, HEAD_DIM, BLOCK_N,
+                                   HEAD_DIM_PAD)
+            o_desc = sequence_desc(O, q_start, stride_on, h * stride_oh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
         else:
             q_desc, k_desc, v_desc, o_desc = Q, K, V, O
 
         diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-        lo = 0
-        hi = seqlen_k
-        full_lo = 0
-        full_hi = seqlen_k // BLOCK_N * BLOCK_N
-        if MASK_LEFT:
-            lo = tl.maximum(start_m + diag - left, 0) // BLOCK_N * BLOCK_N
-            full_lo = tl.cdiv(tl.maximum(start_m + BLOCK_M - 1 + diag - left, 0), BLOCK_N) * BLOCK_N
-        if MASK_RIGHT:
-            hi = tl.minimum(hi, start_m + BLOCK_M + diag + right)
-            full_hi = tl.minimum(seqlen_k, tl.maximum(start_m + diag + right + 1, 0)) // BLOCK_N * BLOCK_N
-        hi = tl.maximum(hi, lo)
-        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-
+        lo, full_lo, full_hi, hi = band_tiles(start_m, seqlen_k, diag, left, right, BLOCK_M, BLOCK_N,
+                                              MASK_LEFT, MASK_RIGHT)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-        q = _load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
+        q = load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
 
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, full_lo, offs_m, diag, left,
                                       right, seqlen_k, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N,
@@ -136,7 +91,7 @@ def flash_fwd_kernel(
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        _store_tile(o_desc, b, start_m, h, acc.to(q.dtype), IS_VARLEN)
+        store_tile(o_desc, b, start_m, h, acc.to(q.dtype), IS_VARLEN)
         lse_ptrs = LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
         tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
 
@@ -146,7 +101,7 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
     """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
     seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q)."""
     nheads, head_dim = q.shape[-2], q.shape[-1]
-    head_dim_pad = max(32, triton.next_power_of_2(head_dim))
+    pad = head_dim_pad(head_dim)
     left, right = window_size
     is_varlen = cu_seqlens_q is not None
     if is_varlen:
@@ -155,17 +110,16 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
         lse_strides = (0, lse.stride(0))
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        args = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block, 1, head_dim_pad])
-                     for t, block in ((q, config.block_m), (k, config.block_n), (v, config.block_n),
-                                      (out, config.block_m)))
+        args = host_descriptors(((q, config.block_m), (k, config.block_n), (v, config.block_n),
+                                 (out, config.block_m)), pad)
         lse_strides = (lse.stride(0), lse.stride(1))
     strides = [s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2))]
     grid = (triton.cdiv(seqlen_q, config.block_m), batch * nheads)
     flash_fwd_kernel[grid](
         *args, lse, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
-        seqlen_q, seqlen_k, nheads, nheads // k.shape[-2], softmax_scale * 1.4426950408889634,
+        seqlen_q, seqlen_k, nheads, nheads // k.shape[-2], softmax_scale * LOG2E,
         max(left, 0), max(right, 0),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,

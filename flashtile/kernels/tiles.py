@@ -1,0 +1,88 @@
+"""Tile plumbing shared by the forward and backward kernels: loading and storing one head's rows through
+tensor descriptors, and which tiles of a row band a mask leaves whole, cut or empty.
+
+The band: query i may see key j when i + diag - left <= j <= i + diag + right (each side only when its
+MASK_* flag is set) and j < seqlen. A kernel that owns keys and iterates queries uses the same helpers
+with diag -> -diag and the sides swapped.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_tile(desc, b, row, h, BLOCK: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """[BLOCK, HEAD_DIM_PAD] rows of one head: a 2-D per-sequence descriptor (varlen) or 4-D (b, n, h, d)."""
+    if IS_VARLEN:
+        tile = desc.load([row, 0])
+    else:
+        tile = desc.load([b, row, h, 0]).reshape(BLOCK, HEAD_DIM_PAD)
+    return tile
+
+
+@triton.jit
+def store_tile(desc, b, row, h, tile, IS_VARLEN: tl.constexpr):
+    if IS_VARLEN:
+        desc.store([row, 0], tile)
+    else:
+        desc.store([b, row, h, 0], tile.reshape(1, tile.shape[0], 1, tile.shape[1]))
+
+
+@triton.jit
+def sequence_desc(ptr, start, stride_n, head_offset, seqlen, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                  HEAD_DIM_PAD: tl.constexpr):
+    """A 2-D descriptor over one head of one packed sequence; its bounds mask the ragged tail."""
+    return tl.make_tensor_descriptor(ptr + start * stride_n + head_offset, shape=[tl.maximum(seqlen, 1), HEAD_DIM],
+                                     strides=[stride_n, 1], block_shape=[BLOCK, HEAD_DIM_PAD])
+
+
+@triton.jit
+def sequence_bounds(cu_seqlens, b, seqlen, IS_VARLEN: tl.constexpr):
+    """(first row, length) of sequence b: from cu_seqlens when packed, else (0, seqlen)."""
+    start = tl.zeros([], tl.int64)
+    if IS_VARLEN:
+        start = tl.load(cu_seqlens + b).to(tl.int64)
+        seqlen = (tl.load(cu_seqlens + b + 1) - start).to(tl.int32)
+    return start, seqlen
+
+
+@triton.jit
+def band_mask(own, other, seqlen_other, diag, left, right, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
+    """[len(own), len(other)]: True where row ``own`` may see column ``other``."""
+    ok = other[None, :] < seqlen_other
+    if MASK_RIGHT:
+        ok &= other[None, :] <= (own + diag + right)[:, None]
+    if MASK_LEFT:
+        ok &= other[None, :] >= (own + diag - left)[:, None]
+    return ok
+
+
+@triton.jit
+def band_tiles(start, seqlen_other, diag, left, right, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+               MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
+    """For rows [start, start + BLOCK_OWN): lo <= full_lo <= full_hi <= hi such that tiles in
+    [lo, full_lo) and [full_hi, hi) need the mask, [full_lo, full_hi) are whole, the rest are empty."""
+    lo = 0
+    hi = seqlen_other
+    full_lo = 0
+    full_hi = seqlen_other // BLOCK_OTHER * BLOCK_OTHER
+    if MASK_LEFT:
+        lo = tl.maximum(start + diag - left, 0) // BLOCK_OTHER * BLOCK_OTHER
+        full_lo = tl.cdiv(tl.maximum(start + BLOCK_OWN - 1 + diag - left, 0), BLOCK_OTHER) * BLOCK_OTHER
+    if MASK_RIGHT:
+        hi = tl.minimum(hi, start + BLOCK_OWN + diag + right)
+        full_hi = tl.minimum(seqlen_other, tl.maximum(start + diag + right + 1, 0)) // BLOCK_OTHER * BLOCK_OTHER
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+def host_descriptors(tensors_and_blocks, head_dim_pad):
+    """4-D (batch, seqlen, nheads, headdim) TMA descriptors, one tile of ``block`` rows of one head each."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block, 1, head_dim_pad])
+                 for t, block in tensors_and_blocks)
+
+
+def head_dim_pad(head_dim):
+    return max(32, triton.next_power_of_2(head_dim))

@@ -1,0 +1,154 @@
+"""Backward, autograd and torch.compile (CPU tier: Triton interpreter, fp16/fp32)."""
+import pytest
+import torch
+
+import flashtile
+from flashtile import ops, reference
+from helpers import (ATOL, poisoned_outputs, randn, torch_attention, torch_attention_varlen,
+                     varlen_inputs)
+
+
+def gradients(fn, inputs, dout):
+    """(out, dq, dk, dv) of fn on fresh leaves."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(dout)
+    return (out, *(t.grad for t in leaves))
+
+
+def assert_grads_close(ours, ref, baseline):
+    """Each of out, dq, dk, dv: max error within 2x PyTorch's own low-precision error plus a small atol
+    scaled to the tensor's size."""
+    for name, a, r, base in zip(("out", "dq", "dk", "dv"), ours, ref, baseline):
+        assert a.shape == r.shape, name
+        assert not a.isnan().any(), f"NaN in {name}"
+        err = (a.double() - r).abs().max().item()
+        base_err = (base.double() - r).abs().max().item()
+        bound = 2 * base_err + ATOL[a.dtype] * max(1.0, r.abs().max().item())
+        assert err <= bound, f"{name}: max error {err:.3g} > 2 x PyTorch's {base_err:.3g} + atol"
+
+
+def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal=False, window_size=(-1, -1),
+          deterministic=False, scale=1.0):
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype, scale=scale)
+    k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    v = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    dout = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    with poisoned_outputs():
+        ours = gradients(lambda q, k, v: flashtile.flash_attn_func(
+            q, k, v, causal=causal, window_size=window_size, deterministic=deterministic), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, causal=causal, window_size=window_size)[0],
+                    (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: torch_attention(q, k, v, causal, window_size), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+    return ours
+
+
+def _cases():
+    for seqlens in [(1, 1), (17, 17), (63, 63), (113, 203), (203, 113)]:
+        for head_dim in [40, 64, 96, 128, 256]:
+            yield pytest.param(seqlens, head_dim, torch.float16, id=f"q{seqlens[0]}k{seqlens[1]}-d{head_dim}-fp16")
+    for seqlens in [(17, 17), (113, 203)]:
+        yield pytest.param(seqlens, 64, torch.float32, id=f"q{seqlens[0]}k{seqlens[1]}-d64-fp32")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens, head_dim, dtype", list(_cases()))
+def test_gradients(seqlens, head_dim, dtype, causal):
+    check(2 if seqlens[0] < 100 else 1, *seqlens, 2, 2, head_dim, dtype, causal)
+
+
+@pytest.mark.parametrize("nheads_k", [2, 1], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_mqa_gradients(nheads_k, causal):
+    check(1, 70, 130, 6, nheads_k, 64, torch.float16, causal)
+
+
+@pytest.mark.parametrize("window_size", [(16, 0), (-1, 5), (20, 9)], ids=lambda w: f"w{w[0]}_{w[1]}")
+def test_window_gradients(window_size):
+    check(1, 120, 150, 2, 1, 64, torch.float16, window_size=window_size)
+
+
+def test_rows_with_nothing_to_attend_get_zero_gradient():
+    dq = check(1, 90, 30, 2, 2, 64, torch.float16, causal=True)[1]
+    assert torch.equal(dq[:, :60], torch.zeros_like(dq[:, :60]))
+
+
+def test_large_logits_gradients():
+    check(1, 100, 100, 2, 2, 64, torch.float16, causal=True, scale=30.0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_varlen_gradients(causal, deterministic):
+    seqlens_q, seqlens_k = [5, 0, 70, 33, 1], [9, 12, 70, 130, 0]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, 64, torch.float16)
+    dout = randn(*q.shape, dtype=torch.float16)
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, 70, 130, causal=causal, deterministic=deterministic), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)[0], (q, k, v),
+                    dout.double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, causal), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
+def test_deterministic_flag_is_bitwise_reproducible():
+    args = (1, 200, 200, 4, 2, 64, torch.float16)
+    q, k, v, dout = (randn(1, 200, h, 64, dtype=torch.float16) for h in (4, 2, 2, 4))
+    runs = [gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True),
+                      (q, k, v), dout) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    check(*args, causal=True, deterministic=True)
+
+
+def test_sdpa_gradients():
+    q, k, v, dout = (randn(2, h, 50, 64, dtype=torch.float16) for h in (4, 2, 2, 4))
+    ours = gradients(lambda q, k, v: flashtile.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                     (q, k, v), dout)
+    ref = gradients(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True), (q.double(), k.double(), v.double()), dout.double())
+    base = gradients(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
+class Block(torch.nn.Module):
+    """Attention with projections: what a model around flash_attn_func looks like."""
+
+    def __init__(self, dim=64, nheads=2):
+        super().__init__()
+        self.nheads = nheads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.nheads, d // self.nheads).unbind(2)
+        return self.proj(flashtile.flash_attn_func(q, k, v, causal=True).reshape(b, n, d))
+
+
+def test_torch_compile_fullgraph_no_graph_break():
+    torch.manual_seed(0)
+    model = Block().to(torch.float16)
+    x = randn(2, 40, 64, dtype=torch.float16)
+    eager_out = model(x)
+    eager_out.float().square().sum().backward()
+    eager_grad = model.qkv.weight.grad.clone()
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.float().square().sum().backward()
+    assert torch.equal(out, eager_out)
+    assert torch.allclose(model.qkv.weight.grad, eager_grad, rtol=1e-3, atol=1e-3)
+    explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+def test_opcheck():
+    q, k, v = (randn(1, 20, 2, 32, dtype=torch.float16, device="cpu" if not torch.cuda.is_available() else "cuda")
+               for _ in range(3))
+    q.requires_grad_()
+    torch.library.opcheck(ops.fwd, (q, k, v, None, None, 0, 0, 0.2, -1, 0, True, False, False))
+    out, lse = (t.detach() for t in ops.fwd(q, k, v, None, None, 0, 0, 0.2, -1, 0, True, False, False))
+    torch.library.opcheck(ops.bwd, (torch.randn_like(out), q.detach(), k, v, out, lse, None, None, 0, 0, 0.2, -1, 0,
+                                    True, False))

@@ -1,0 +1,131 @@
+"""GPU tier (`pytest -m gpu`): backward at real sizes, torch.compile with inductor, a short training run."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashtile
+from flashtile import reference
+from helpers import DTYPE_IDS, randn, torch_attention, torch_attention_varlen, varlen_inputs
+from test_bwd import Block, assert_grads_close, gradients
+
+pytestmark = pytest.mark.gpu
+
+
+def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, deterministic=False,
+          window_size=(-1, -1)):
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    v = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    dout = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                                               deterministic=deterministic), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, causal=causal, window_size=window_size)[0],
+                    (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: torch_attention(q, k, v, causal, window_size), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
+def _cases():
+    for head_dim in (64, 128, 256):
+        for seqlen in (1024, 4096, 8192):
+            for dtype in (torch.bfloat16, torch.float16):
+                if seqlen == 8192 and dtype != torch.bfloat16:
+                    continue
+                yield pytest.param(seqlen, head_dim, dtype, id=f"n{seqlen}-d{head_dim}-{DTYPE_IDS[dtype]}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen, head_dim, dtype", list(_cases()))
+def test_large_gradients(seqlen, head_dim, dtype, causal):
+    check(1, seqlen, seqlen, 2, 2, head_dim, dtype, causal)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("head_dim", [40, 96, 128], ids=lambda d: f"d{d}")
+def test_ragged_gqa_gradients(head_dim, deterministic):
+    check(2, 1000, 3001, 8, 2, head_dim, torch.bfloat16, True, deterministic)
+
+
+def test_window_gradients():
+    check(1, 2048, 2048, 4, 1, 128, torch.bfloat16, False, window_size=(256, 0))
+
+
+def test_varlen_gradients():
+    seqlens_q, seqlens_k = [1, 0, 2048, 300, 1500], [1, 129, 2048, 2000, 0]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16)
+    dout = randn(*q.shape, dtype=torch.bfloat16)
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, causal=True),
+                     (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True)[0], (q, k, v),
+                    dout.double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, True), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
+def test_deterministic_is_bitwise_reproducible():
+    q, k, v, dout = (randn(2, 4096, h, 128, dtype=torch.bfloat16) for h in (16, 4, 4, 16))
+    runs = [gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True),
+                      (q, k, v), dout) for _ in range(3)]
+    assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+
+
+def test_torch_compile_inductor_fullgraph():
+    torch.manual_seed(0)
+    model = Block(dim=1024, nheads=8).cuda().to(torch.bfloat16)
+    x = randn(4, 1024, 1024, dtype=torch.bfloat16)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x)
+    out.float().square().mean().backward()
+    assert (out.float() - eager.float()).abs().max().item() < 2e-2
+
+
+class TinyTransformer(torch.nn.Module):
+    """Two pre-norm blocks; ``attention`` is flash_attn_func-shaped."""
+
+    def __init__(self, attention, dim=256, nheads=4, layers=2, vocab=512):
+        super().__init__()
+        self.attention, self.nheads = attention, nheads
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict(dict(
+            norm1=torch.nn.LayerNorm(dim), qkv=torch.nn.Linear(dim, 3 * dim), proj=torch.nn.Linear(dim, dim),
+            norm2=torch.nn.LayerNorm(dim), mlp=torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                                                   torch.nn.Linear(4 * dim, dim))))
+            for _ in range(layers))
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        b, n, d = x.shape
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["norm1"](x)).view(b, n, 3, self.nheads, d // self.nheads).unbind(2)
+            x = x + blk["proj"](self.attention(q, k, v).reshape(b, n, d))
+            x = x + blk["mlp"](blk["norm2"](x))
+        return self.head(x)
+
+
+def sdpa_attention(q, k, v):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=True).transpose(1, 2)
+
+
+def test_training_losses_track_sdpa():
+    losses = {}
+    for name, attention in (("flashtile", lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True)),
+                            ("sdpa", sdpa_attention)):
+        torch.manual_seed(0)
+        model = TinyTransformer(attention).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.randint(0, 512, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        losses[name] = []
+        for _ in range(30):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(data[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, 512), data[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    ours, theirs = torch.tensor(losses["flashtile"]), torch.tensor(losses["sdpa"])
+    assert ours[-1] < ours[0] - 0.5, "the model did not learn"
+    assert (ours - theirs).abs().max().item() < 0.1, (losses["flashtile"], losses["sdpa"])
