@@ -60,24 +60,29 @@ def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     return FWD_GENERIC[head_dim_pad]
 
 
-# Backward, sm90, bf16/fp16: a first choice, checked to compile within shared memory
-# (tests/test_compile_sm90.py); docs/perf.md has its numbers.
+# Backward, sm90, bf16/fp16, keyed (padded head dim, causal). Chosen by
+# `python -m flashtile.bench.tune --backward --seqlens 4096 16384` on 2026-11-29
+# (docs/results/tune-bwd-v1.md), best mean TFLOP/s; D=32 and D=256 were not swept.
 BWD_SM90 = {
-    32: BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    64: BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)),
-    128: BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(128, 64, 8, 2)),
-    256: BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
+    (32, False): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
+    (32, True): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
+    (64, False): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
+    (64, True): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
+    (128, False): BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)),
+    (128, True): BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(128, 64, 8, 2)),
+    (256, False): BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
+    (256, True): BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
 }
 BWD_GENERIC = {d: BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)) for d in (32, 64, 128, 256)}
 BWD_FP32 = {d: BwdConfig(TileConfig(32, 32, 4, 1), TileConfig(32, 32, 4, 1)) for d in (32, 64, 128, 256)}
 BWD_INTERPRETER = BwdConfig(TileConfig(64, 64, 4, 1), TileConfig(64, 64, 4, 1))
 
 
-def bwd_config(head_dim_pad, itemsize, arch, interpreter):
+def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     if interpreter:
         return BWD_INTERPRETER
     if itemsize == 4:
         return BWD_FP32[head_dim_pad]
     if arch == (9, 0):
-        return BWD_SM90[head_dim_pad]
+        return BWD_SM90[(head_dim_pad, causal)]
     return BWD_GENERIC[head_dim_pad]

@@ -40,6 +40,10 @@ def _arch(device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
+def _is_causal(window_size):
+    return window_size[1] == 0 and window_size[0] < 0
+
+
 def _new_out(q, heads_first):
     """O shaped like q; ``heads_first`` stores it as (batch, nheads, seqlen, headdim), SDPA's layout."""
     if heads_first:
@@ -69,9 +73,8 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
     _ensure_allocator(q.device)
     if config is None:
-        causal = window_size[1] == 0 and window_size[0] < 0
-        config = configs.fwd_config(head_dim_pad(q.shape[-1]), causal, q.element_size(), _arch(q.device),
-                                    interpreter_enabled())
+        config = configs.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
+                                    _arch(q.device), interpreter_enabled())
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
                config)
     if o is not out:
@@ -95,8 +98,8 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     _ensure_allocator(q.device)
     if config is None:
-        config = configs.bwd_config(head_dim_pad(q.shape[-1]), q.element_size(), _arch(q.device),
-                                    interpreter_enabled())
+        config = configs.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
+                                    _arch(q.device), interpreter_enabled())
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, config)
     return dq, dk, dv

@@ -54,17 +54,18 @@ def main():
         for varlen in (False, True):
             tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
             rows.append(compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen))
-    for pad, bwd in configs.BWD_SM90.items():
+    for (pad, causal), bwd in configs.BWD_SM90.items():
         for varlen in (False, True):
             cfg = bwd.dkdv
             tensors = dict(Q=cfg.block_m, dO=cfg.block_m, K=cfg.block_n, V=cfg.block_n, dK=cfg.block_n,
                            dV=cfg.block_n)
             for atomic in (False, True):
                 rows.append(compile_kernel(flash_bwd_dkdv_kernel, tensors,
-                                           consts_for(pad, cfg, varlen, True, ATOMIC_DQ=atomic), cfg, varlen))
+                                           consts_for(pad, cfg, varlen, causal, ATOMIC_DQ=atomic), cfg, varlen))
             cfg = bwd.dq
             tensors = dict(Q=cfg.block_m, dO=cfg.block_m, dQ=cfg.block_m, K=cfg.block_n, V=cfg.block_n)
-            rows.append(compile_kernel(flash_bwd_dq_kernel, tensors, consts_for(pad, cfg, varlen, True), cfg, varlen))
+            rows.append(compile_kernel(flash_bwd_dq_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg,
+                                       varlen))
     json.dump(rows, sys.stdout, indent=None)
 
 
