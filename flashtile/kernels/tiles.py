@@ -78,10 +78,17 @@ def band_tiles(start, seqlen_other, diag, left, right, BLOCK_OWN: tl.constexpr, 
 
 
 def host_descriptors(tensors_and_blocks, head_dim_pad):
-    """4-D (batch, seqlen, nheads, headdim) TMA descriptors, one tile of ``block`` rows of one head each."""
+    """4-D (batch, seqlen, nheads, headdim) TMA descriptors, one tile of ``block`` rows of one head each.
+    The tensors come through ops._tma_ready, so the constructor's validation (a third of the host time
+    of a launch) is skipped."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block, 1, head_dim_pad])
-                 for t, block in tensors_and_blocks)
+    descs = []
+    for t, block in tensors_and_blocks:
+        desc = object.__new__(TensorDescriptor)
+        desc.base, desc.shape, desc.strides = t, list(t.shape), list(t.stride())
+        desc.block_shape, desc.padding = [1, block, 1, head_dim_pad], "zero"
+        descs.append(desc)
+    return tuple(descs)
 
 
 def head_dim_pad(head_dim):
