@@ -8,6 +8,8 @@ _PUBLIC = {
     "flash_attn_func": "api",
     "flash_attn_varlen_func": "api",
     "scaled_dot_product_attention": "api",
+    "flash_attn_with_kvcache": "api",
+    "combine": "api",
 }
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"

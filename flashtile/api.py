@@ -67,3 +67,56 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     window = checks.window((-1, -1), is_causal)
     out, _ = ops.flash_attention(q, k, v, softmax_scale, window, bottom_right=False, heads_first_out=True)
     return out.transpose(1, 2)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decoding attention over a KV cache, as flash-attn's ``flash_attn_with_kvcache`` (flash decoding).
+
+    q (batch, seqlen_q, nheads, headdim): the new queries (seqlen_q > 1 for speculative decoding or chunked
+    prefill; with ``causal`` they sit at the end of the cache, aligned bottom-right). k_cache, v_cache:
+    (batch_cache, seqlen_cache, nheads_k, headdim), or paged (num_pages, page_size, nheads_k, headdim) with
+    ``block_table`` (batch, max_pages) int32. ``cache_seqlens`` (int or int32 (batch,)): keys already in
+    the cache; new ``k``, ``v`` (batch, seqlen_new, nheads_k, headdim) are written there in place first.
+    ``cache_batch_idx`` (int32 (batch,)) picks the cache rows of a contiguous cache. ``num_splits=0``
+    chooses the split count from the SM count, batch, heads and cache size.
+    Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
+    """
+    checks.not_implemented(softcap=softcap, alibi_slopes=alibi_slopes)
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise NotImplementedError(f"{name} is not supported by flashtile yet")
+    paged, capacity = checks.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
+    scale = checks.softmax_scale(softmax_scale, q.shape[-1])
+    window = checks.window(window_size, causal)
+    batch, device = q.shape[0], q.device
+    if cache_seqlens is None:
+        seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        seqlens = cache_seqlens
+    else:
+        seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+    batch_idx = None if paged else (cache_batch_idx if cache_batch_idx is not None
+                                    else torch.arange(batch, dtype=torch.int32, device=device))
+    if k is not None:
+        ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table)
+        seqlens = seqlens + k.shape[1]
+    with torch.no_grad():
+        out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
+                                       num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
+def combine(out_partials, lse_partials):
+    """Merge attention computed over disjoint key sets (splits of the KV cache, ring or context-parallel
+    shards) exactly, by log-sum-exp. out_partials (splits, batch, seqlen, nheads, headdim) and float32
+    lse_partials (splits, batch, nheads, seqlen), as our forward returns them. A partial whose LSE is
+    -inf contributes nothing; rows where every LSE is -inf give 0. Returns (batch, seqlen, nheads, headdim).
+    """
+    checks.partials(out_partials, lse_partials)
+    with torch.no_grad():
+        return ops.combine(out_partials, lse_partials)[0]

@@ -28,37 +28,39 @@ def not_implemented(**options):
             raise NotImplementedError(f"{name}={value!r} is not supported by flashtile yet")
 
 
-def qkv(q, k, v, packed):
+def qkv(q, k, v, packed, names=("q", "k", "v")):
     """q, k, v as (batch, seqlen, nheads, headdim), or (total, nheads, headdim) when ``packed``."""
     rank = 3 if packed else 4
     layout = "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)"
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    q_name, k_name, v_name = names
+    for name, t in zip(names, (q, k, v)):
         _tensor(name, t)
         if t.dim() != rank:
             raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; flashtile supports float16, bfloat16 and float32")
-    for name, t in (("k", k), ("v", v)):
+    for name, t in ((k_name, k), (v_name, v)):
         if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
+            raise TypeError(f"{name} has dtype {t.dtype} but {q_name} has {q.dtype}; they must match")
         if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must share a device")
+            raise ValueError(f"{name} is on {t.device} but {q_name} is on {q.device}; they must share a device")
     if q.device.type != "cuda" and not interpreter_enabled():
         raise ValueError(f"q is on {q.device}: flashtile needs a CUDA device (or TRITON_INTERPRET=1 for the "
                          "Triton interpreter on the CPU)")
     if not packed and not (q.shape[0] == k.shape[0] == v.shape[0]):
         raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"k and v must agree on all but the head dim: k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"{k_name} and {v_name} must agree on all but the head dim: {k_name} {tuple(k.shape)}, "
+                         f"{v_name} {tuple(v.shape)}")
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        raise ValueError(f"head dims differ: q {head_dim}, k {k.shape[-1]}, v {v.shape[-1]}")
+        raise ValueError(f"head dims differ: {q_name} {head_dim}, {k_name} {k.shape[-1]}, {v_name} {v.shape[-1]}")
     if not (MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0):
-        raise ValueError(f"q has head dim {head_dim}; flashtile supports multiples of 8 from "
+        raise ValueError(f"{q_name} has head dim {head_dim}; flashtile supports multiples of 8 from "
                          f"{MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     nheads, nheads_k = q.shape[-2], k.shape[-2]
     if nheads_k == 0 or nheads % nheads_k != 0:
-        raise ValueError(f"q has {nheads} heads, not a multiple of k's {nheads_k} (GQA/MQA needs one)")
+        raise ValueError(f"{q_name} has {nheads} heads, not a multiple of {k_name}'s {nheads_k} (GQA/MQA needs one)")
 
 
 def softmax_scale(scale, head_dim):
@@ -117,3 +119,98 @@ def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
         raise ValueError(f"{name} ends at {offsets[-1]}, beyond the {total} packed tokens")
     if lengths and max(lengths) > max_seqlen:
         raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence ({max(lengths)})")
+
+
+def int32_vector(name, t, length, device):
+    _tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+    """Shapes, dtypes and (outside tracing) values of flash_attn_with_kvcache's arguments.
+    Returns (paged, capacity): capacity = keys one sequence's cache can hold."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _tensor(name, t)
+        if t.dim() != 4 or t.shape[0] == 0:
+            raise ValueError(f"{name} must have rank 4 and a non-empty first dim, got shape {tuple(t.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must match")
+    # the cache's first dim (sequences or pages) need not be q's batch: check the rest against a stand-in
+    qkv(q, k_cache[:1].expand(q.shape[0], *k_cache.shape[1:]), v_cache[:1].expand(q.shape[0], *v_cache.shape[1:]),
+        packed=False, names=("q", "k_cache", "v_cache"))
+    batch, seqlen_new = q.shape[0], 0
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the new tokens to append)")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _tensor(name, t)
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
+                raise ValueError(f"{name} must be (batch={batch}, seqlen_new, nheads_k={k_cache.shape[2]}, "
+                                 f"headdim={k_cache.shape[3]}), got {tuple(t.shape)}")
+            if t.dtype != k_cache.dtype or t.device != q.device:
+                raise TypeError(f"{name} must match k_cache's dtype {k_cache.dtype} and q's device")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(f"k and v hold {k.shape[1]} and {v.shape[1]} new tokens; they must agree")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is needed to know where k and v are appended")
+        seqlen_new = k.shape[1]
+    if block_table is not None:
+        _tensor("block_table", block_table)
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must be (batch={batch}, max_pages), got {tuple(block_table.shape)}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with a paged cache (block_table)")
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        if cache_batch_idx is not None:
+            int32_vector("cache_batch_idx", cache_batch_idx, batch, q.device)
+        elif k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences but q has batch {batch}; "
+                             "pass cache_batch_idx to pick them")
+        capacity = k_cache.shape[1]
+    if isinstance(cache_seqlens, torch.Tensor):
+        int32_vector("cache_seqlens", cache_seqlens, batch, q.device)
+    elif cache_seqlens is not None and (isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral)):
+        raise TypeError(f"cache_seqlens must be an int or an int32 tensor, got {type(cache_seqlens).__name__}")
+    if not _host_checks_allowed(q):
+        return block_table is not None, capacity
+    lengths = ([int(cache_seqlens)] * batch if not isinstance(cache_seqlens, torch.Tensor)
+               else cache_seqlens.tolist()) if cache_seqlens is not None else [capacity - seqlen_new] * batch
+    if min(lengths) < 0 or max(lengths) + seqlen_new > capacity:
+        raise ValueError(f"cache_seqlens {lengths} plus {seqlen_new} new tokens must lie within the cache's "
+                         f"{capacity} slots")
+    if block_table is not None:
+        used = -(-(max(lengths) + seqlen_new) // k_cache.shape[1])
+        pages = block_table[:, :used]
+        if pages.numel() and (pages.min().item() < 0 or pages.max().item() >= k_cache.shape[0]):
+            raise ValueError(f"block_table holds page indices outside [0, {k_cache.shape[0]})")
+    if cache_batch_idx is not None and cache_batch_idx.numel():
+        if cache_batch_idx.min().item() < 0 or cache_batch_idx.max().item() >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx holds indices outside [0, {k_cache.shape[0]})")
+    return block_table is not None, capacity
+
+
+def partials(out_partials, lse_partials):
+    """combine's inputs: (splits, batch, seqlen, nheads, headdim) and float32 (splits, batch, nheads, seqlen)."""
+    _tensor("out_partials", out_partials)
+    _tensor("lse_partials", lse_partials)
+    if out_partials.dim() != 5:
+        raise ValueError(f"out_partials must be (splits, batch, seqlen, nheads, headdim), got "
+                         f"{tuple(out_partials.shape)}")
+    s, b, n, h, _ = out_partials.shape
+    if lse_partials.shape != (s, b, h, n):
+        raise ValueError(f"lse_partials must be (splits, batch, nheads, seqlen) = {(s, b, h, n)}, got "
+                         f"{tuple(lse_partials.shape)}")
+    if lse_partials.dtype != torch.float32:
+        raise TypeError(f"lse_partials must be float32, got {lse_partials.dtype}")
+    if out_partials.dtype not in DTYPES:
+        raise TypeError(f"out_partials has dtype {out_partials.dtype}; float16, bfloat16 or float32 expected")
+    if lse_partials.device != out_partials.device:
+        raise ValueError("out_partials and lse_partials must share a device")

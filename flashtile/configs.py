@@ -86,3 +86,15 @@ def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     if arch == (9, 0):
         return BWD_SM90[(head_dim_pad, causal)]
     return BWD_GENERIC[head_dim_pad]
+
+
+# Decode (split-KV): block_n keys per step; block_m is set by the query rows (group x new tokens).
+# A first choice for sm90, not yet swept; docs/perf.md has its numbers.
+DECODE_SM90 = {32: TileConfig(16, 128, 4, 3), 64: TileConfig(16, 128, 4, 3), 128: TileConfig(16, 128, 4, 3),
+               256: TileConfig(16, 64, 4, 3)}
+DECODE_INTERPRETER = TileConfig(16, 64, 4, 1)
+DECODE_MIN_CHUNK = 512  # keys per split at least: below that the combine costs more than it spreads
+
+
+def decode_config(head_dim_pad, interpreter):
+    return DECODE_INTERPRETER if interpreter else DECODE_SM90[head_dim_pad]

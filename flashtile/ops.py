@@ -12,6 +12,7 @@ import triton
 from . import configs
 from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
+from .kernels.decode import launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
 from .kernels.tiles import head_dim_pad
 
@@ -165,3 +166,50 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
     if needs_grad or torch.compiler.is_compiling():
         return fwd(*args)
     return _fwd_impl(*args)
+
+
+def _num_sms(device):
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table):
+    """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place."""
+    positions = cache_seqlens[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [batch, seqlen_new]
+    if block_table is None:
+        rows, slots = batch_idx[:, None].long().expand_as(positions), positions
+    else:
+        page_size = k_cache.shape[1]
+        rows, slots = block_table.long().gather(1, positions // page_size), positions % page_size
+    k_cache[rows, slots] = k
+    v_cache[rows, slots] = v
+
+
+def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,
+                    num_splits):
+    """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] keys of each
+    sequence's cache. Returns (out, lse [batch, nheads, seqlen_q])."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    config = configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
+    if num_splits <= 0:  # enough programs for about four per SM, but no split shorter than DECODE_MIN_CHUNK keys
+        programs = batch * k_cache.shape[2]
+        num_splits = min(triton.cdiv(4 * _num_sms(q.device), programs), triton.cdiv(capacity, configs.DECODE_MIN_CHUNK))
+    chunk = triton.cdiv(triton.cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
+    num_splits = triton.cdiv(capacity, chunk)
+    out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    _ensure_allocator(q.device)
+    launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
+                  softmax_scale, window_size, config)
+    return combine(out_part, lse_part, q.dtype)
+
+
+def combine(out_partials, lse_partials, dtype=None):
+    """Merge partial attention results by their LSE: (out [batch, seqlen, nheads, headdim], lse)."""
+    _, batch, seqlen, nheads, head_dim = out_partials.shape
+    out = torch.empty(batch, seqlen, nheads, head_dim, device=out_partials.device, dtype=dtype or out_partials.dtype)
+    lse = torch.empty(batch, nheads, seqlen, device=out_partials.device, dtype=torch.float32)
+    if out.numel():
+        launch_combine(out_partials, lse_partials, out, lse)
+    return out, lse

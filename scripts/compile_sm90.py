@@ -11,6 +11,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from flashtile import configs
+from flashtile.kernels.decode import flash_decode_split_kernel
 from flashtile.kernels.bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
@@ -27,9 +28,9 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
             sig[name] = "constexpr"
         elif name in tensors:
             sig[name] = f"*{dtype}" if varlen else f"tensordesc<{dtype}[1, {tensors[name]}, 1, {pad}]>"
-        elif name in ("LSE", "Delta", "dQacc"):
+        elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part"):
             sig[name] = "*fp32"
-        elif name.startswith("cu_seqlens"):
+        elif name.startswith("cu_seqlens") or name in ("cache_seqlens", "block_table", "batch_idx"):
             sig[name] = "*i32"
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
@@ -66,6 +67,11 @@ def main():
             tensors = dict(Q=cfg.block_m, dO=cfg.block_m, dQ=cfg.block_m, K=cfg.block_n, V=cfg.block_n)
             rows.append(compile_kernel(flash_bwd_dq_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg,
                                        varlen))
+    for pad, cfg in configs.DECODE_SM90.items():
+        for paged in (False, True):
+            consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
+                          MASK_LEFT=False, MASK_RIGHT=False, DOT_PRECISION="tf32")
+            rows.append(compile_kernel(flash_decode_split_kernel, dict(Q=0, K=0, V=0), consts, cfg, True))
     json.dump(rows, sys.stdout, indent=None)
 
 

@@ -1,0 +1,95 @@
+"""``python -m flashtile.bench.decode``: flash decoding against SDPA's cuDNN and flash backends.
+
+One new query token per sequence, 32 query heads over 8 KV heads, head dim 128, bf16; the figure of
+merit is KV-cache bytes read per second (2·B·L·H_kv·D·2 bytes over the time). Also the whole decode
+step replayed as a CUDA graph, where launch overhead no longer counts.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from .__main__ import bench_ms, is_oom, progress
+
+
+def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
+    from .. import flash_attn_with_kvcache
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(batch, 1, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(batch, seqlen, nheads_k, head_dim, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
+    qt = q.transpose(1, 2).contiguous()
+    kt, vt = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
+    del k_cache, v_cache
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        return run
+    # flashtile reads the same tensors in flash-attn's (batch, seqlen, nheads_k, headdim) layout view
+    k_view, v_view = kt.transpose(1, 2), vt.transpose(1, 2)
+    return {
+        "flashtile": lambda: flash_attn_with_kvcache(q, k_view, v_view, cache_seqlens=seqlens),
+        "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "FA2 (SDPA flash)": sdpa(SDPBackend.FLASH_ATTENTION),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flashtile.bench.decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 32768, 131072])
+    parser.add_argument("--graph-max-batch", type=int, default=8, help="CUDA-graph timing for B up to this")
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("flashtile.bench.decode needs a CUDA GPU")
+    import triton
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for batch, seqlen in progress([(b, n) for b in args.batches for n in args.seqlens], "decode"):
+        kv_bytes = 2 * batch * seqlen * 8 * 128 * 2
+        try:
+            fns = peers(batch, seqlen)
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            continue
+        for name, fn in fns.items():
+            row = dict(batch=batch, seqlen=seqlen, peer=name)
+            try:
+                fn()
+                row["us"] = bench_ms(fn) * 1e3
+                row["tbps"] = kv_bytes / row["us"] / 1e6
+                if batch <= args.graph_max_batch and seqlen <= 32768:
+                    row["graph_us"] = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+            except Exception as err:  # a backend that refuses the shape is reported, not fatal
+                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+            rows.append(row)
+        del fns
+        torch.cuda.empty_cache()
+    names = list(dict.fromkeys(r["peer"] for r in rows))
+    lines = ["| B | L | " + " | ".join(f"{n} TB/s (µs)" for n in names) + " | " +
+             " | ".join(f"{n} graph µs" for n in names) + " |", "|---" * (2 + 2 * len(names)) + "|"]
+    for batch, seqlen in dict.fromkeys((r["batch"], r["seqlen"]) for r in rows):
+        cells = {r["peer"]: r for r in rows if (r["batch"], r["seqlen"]) == (batch, seqlen)}
+        speed = [f"{c['tbps']:.2f} ({c['us']:.0f})" if "tbps" in c else c.get("error", "–")[:20]
+                 for c in (cells.get(n, {}) for n in names)]
+        graph = [f"{cells[n]['graph_us']:.1f}" if "graph_us" in cells.get(n, {}) else "–" for n in names]
+        lines.append(f"| {batch} | {seqlen} | " + " | ".join(speed) + " | " + " | ".join(graph) + " |")
+    report = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}: decode, H=32, H_kv=8, D=128, bf16, "
+              f"do_bench median\n\n" + "\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "decode.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(os.path.join(args.out, "decode.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

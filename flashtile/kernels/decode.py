@@ -1,0 +1,149 @@
+"""Flash decoding: split the KV cache into chunks, attend to each chunk in its own program, merge the
+partial results exactly by their log-sum-exp.
+
+``flash_decode_split_kernel``: a program owns (chunk, batch, KV head) and reads its slice of the cache
+once for every query head of the group and every new query token: those rows are packed together as
+the M dimension (GQA packing), row r = token (r // group), head h_k·group + (r % group). It writes a
+float32 partial O (normalized within the chunk) and the chunk's LSE.
+``combine_kernel``: O = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s); −inf partials weigh 0.
+
+The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through ``cache_batch_idx``, or
+paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b lives in
+page block_table[b, j // page_size] at offset j % page_size.
+"""
+import triton
+import triton.language as tl
+
+from .online_softmax import online_softmax_step
+from .tiles import band_mask
+
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def flash_decode_split_kernel(
+    Q, K, V, O_part, LSE_part, cache_seqlens, block_table, batch_idx,
+    stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_bt,
+    seqlen_q, nheads_k, page_size, chunk, qk_scale, left, right,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // nheads_k).to(tl.int64)
+    h_k = (pid_bh % nheads_k).to(tl.int64)
+    seqlen_k = tl.load(cache_seqlens + b)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    token = rows // GROUP  # [BLOCK_M]
+    head = h_k * GROUP + rows % GROUP
+    row_ok = token < seqlen_q
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_DIM]
+
+    diag = seqlen_k - seqlen_q  # new tokens sit at the end of the cache: bottom-right alignment
+    start = split * chunk
+    end = tl.minimum(start + chunk, seqlen_k)
+    if MASK_RIGHT:  # keys past the last token of this tile's band are never loaded
+        last_token = tl.minimum(seqlen_q - 1, (tl.program_id(2) * BLOCK_M + BLOCK_M - 1) // GROUP)
+        end = tl.minimum(end, last_token + diag + right + 1)
+    if MASK_LEFT:
+        start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
+    if not PAGED:
+        cache_row = tl.load(batch_idx + b).to(tl.int64)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(start, end, BLOCK_N):
+        keys = start_n + offs_n  # [BLOCK_N]
+        if PAGED:
+            page = tl.load(block_table + b * stride_bt + keys // page_size, mask=keys < end, other=0).to(tl.int64)
+            slot = (keys % page_size).to(tl.int64)
+        else:
+            page = cache_row + tl.zeros([BLOCK_N], tl.int64)
+            slot = keys.to(tl.int64)
+        kv_ok = (keys < end)[:, None] & d_ok[None, :]
+        k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
+                    mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
+        qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
+        qk = tl.where(ok, qk, float("-inf"))
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
+        v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vt + h_k * stride_vh + offs_d[None, :],
+                    mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+
+    empty = l_i == 0.0
+    acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    o_ptrs = (O_part + split * stride_os + b * stride_ob + token[:, None] * stride_ot + head[:, None] * stride_oh
+              + offs_d[None, :])
+    tl.store(o_ptrs, acc, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE_part + split * stride_ls + b * stride_lb + head * stride_lh + token, lse, mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(O_part, LSE_part, Out, LSE, num_splits, seqlen_q, nheads,
+                   stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh,
+                   stride_out_b, stride_out_t, stride_out_h, stride_lse_b, stride_lse_h,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per (batch, token, head) row: merge ``num_splits`` partials by their LSE."""
+    row = tl.program_id(0)
+    b = (row // (seqlen_q * nheads)).to(tl.int64)
+    t = (row // nheads % seqlen_q).to(tl.int64)
+    h = (row % nheads).to(tl.int64)
+    splits = tl.arange(0, BLOCK_S)
+    s_ok = splits < num_splits
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    lse_s = tl.load(LSE_part + splits * stride_ls + b * stride_lb + h * stride_lh + t, mask=s_ok,
+                    other=float("-inf"))  # [BLOCK_S]
+    lse_max = tl.max(lse_s, 0)
+    lse_ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.math.exp2((lse_s - lse_ref) * LOG2E)  # [BLOCK_S]
+    total = tl.sum(w, 0)
+    o_s = tl.load(O_part + splits[:, None] * stride_os + b * stride_ob + t * stride_ot + h * stride_oh
+                  + offs_d[None, :], mask=(s_ok & (w > 0))[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    out = tl.sum(o_s * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)  # [HEAD_DIM]
+    tl.store(Out + b * stride_out_b + t * stride_out_t + h * stride_out_h + offs_d,
+             out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    lse = tl.where(total == 0.0, float("-inf"), lse_ref + tl.log(tl.where(total == 0.0, 1.0, total)))
+    tl.store(LSE + b * stride_lse_b + h * stride_lse_h + t, lse)
+
+
+def launch_combine(out_partials, lse_partials, out, lse):
+    """out_partials (splits, batch, seqlen, nheads, headdim), lse_partials (splits, batch, nheads, seqlen)
+    -> out (batch, seqlen, nheads, headdim), lse (batch, nheads, seqlen)."""
+    num_splits, batch, seqlen_q, nheads, head_dim = out_partials.shape
+    combine_kernel[(batch * seqlen_q * nheads,)](
+        out_partials, lse_partials, out, lse, num_splits, seqlen_q, nheads,
+        *out_partials.stride()[:4], *lse_partials.stride()[:3], *out.stride()[:3], lse.stride(0), lse.stride(1),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=1)
+
+
+def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
+                  softmax_scale, window_size, config):
+    """Fill the partials: one program per (split, batch, KV head)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    nheads_k = k_cache.shape[2]
+    group = nheads // nheads_k
+    num_splits = out_part.shape[0]
+    left, right = window_size
+    paged = block_table is not None
+    page_size = k_cache.shape[1] if paged else 0
+    block_m = min(128, max(16, triton.next_power_of_2(group * seqlen_q)))
+    flash_decode_split_kernel[(num_splits, batch * nheads_k, triton.cdiv(group * seqlen_q, block_m))](
+        q, k_cache, v_cache, out_part, lse_part, cache_seqlens, block_table, batch_idx,
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out_part.stride()[:4],
+        *lse_part.stride()[:3], block_table.stride(0) if paged else 0,
+        seqlen_q, nheads_k, page_size, chunk, softmax_scale * 1.4426950408889634, max(left, 0), max(right, 0),
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, PAGED=paged, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+        DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
+        num_stages=config.num_stages)

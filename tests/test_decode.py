@@ -1,0 +1,174 @@
+"""Flash decoding over contiguous and paged KV caches, the in-place append, and combine (CPU tier)."""
+import pytest
+import torch
+
+import flashtile
+from flashtile import reference
+from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention
+
+
+def paged(cache, page_size, spare_pages=3):
+    """The same cache as shuffled pages: (num_pages, page_size, nheads_k, headdim) and a block table."""
+    batch, capacity = cache.shape[:2]
+    per_seq = capacity // page_size
+    num_pages = batch * per_seq + spare_pages
+    perm = torch.randperm(num_pages, device=cache.device)[:batch * per_seq].view(batch, per_seq)
+    pages = randn(num_pages, page_size, *cache.shape[2:], dtype=cache.dtype)
+    pages[perm.flatten()] = cache.reshape(batch * per_seq, page_size, *cache.shape[2:])
+    return pages, perm.to(torch.int32)
+
+
+def expected(q, k_cache, v_cache, lengths, causal=False, window_size=(-1, -1)):
+    """Per sequence: the reference and PyTorch's own attention over the first lengths[b] keys."""
+    refs, lses, bases = [], [], []
+    for b, n in enumerate(lengths):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+        ref, lse = reference.attention(*args, causal=causal, window_size=window_size)
+        refs.append(ref)
+        lses.append(lse)
+        bases.append(torch_attention(*args, causal, window_size) if n else torch.zeros_like(args[0]))
+    return torch.cat(refs), torch.cat(lses), torch.cat(bases)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16", "paged64"])
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1)], ids=["gqa32-8", "mqa8-1"])
+def test_decode_one_token(heads, layout):
+    nheads, nheads_k = heads
+    capacity, lengths = 256, [0, 1, 256, 97]
+    q = randn(4, 1, nheads, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(4, capacity, nheads_k, 64, dtype=torch.float16) for _ in range(2))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    kwargs = {}
+    if layout != "contiguous":
+        page_size = int(layout[5:])
+        k_pages, table = paged(k_cache, page_size)
+        v_pages = torch.empty_like(k_pages)
+        v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, nheads_k, 64)
+        kwargs = dict(block_table=table)
+        caches = (k_pages, v_pages)
+    else:
+        caches = (k_cache, v_cache)
+    with poisoned_outputs():
+        out, lse = flashtile.flash_attn_with_kvcache(q, *caches, cache_seqlens=seqlens, return_softmax_lse=True,
+                                                     **kwargs)
+    ref, ref_lse, base = expected(q, k_cache, v_cache, lengths)
+    assert_attention_close(out, ref, base, lse, ref_lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 0], ids=["1split", "3splits", "auto"])
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["contiguous", "paged32"])
+def test_append_new_tokens_causal(paged_cache, num_splits):
+    """Four new tokens (speculative decoding): written in place, then attended causally, bottom-right."""
+    batch, capacity, nheads, nheads_k, head_dim, new = 3, 192, 8, 2, 64, 4
+    lengths = [0, 50, capacity - new]
+    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
+    k_new, v_new = (randn(batch, new, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths):
+        k_full[b, n:n + new], v_full[b, n:n + new] = k_new[b], v_new[b]
+    if paged_cache:
+        k_pages, table = paged(k_cache, 32)
+        v_pages = randn(*k_pages.shape, dtype=torch.float16)
+        v_pages[table.flatten().long()] = v_cache.reshape(-1, 32, nheads_k, head_dim)
+        k_before, v_before = k_pages.clone(), v_pages.clone()
+        out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, cache_seqlens=seqlens,
+                                                block_table=table, causal=True, num_splits=num_splits)
+        k_after = k_pages[table.long()].reshape(batch, capacity, nheads_k, head_dim)
+        v_after = v_pages[table.long()].reshape(batch, capacity, nheads_k, head_dim)
+        untouched = torch.ones(k_pages.shape[0], dtype=torch.bool, device=DEVICE)
+        untouched[table.flatten().long()] = False
+        assert torch.equal(k_pages[untouched], k_before[untouched]) and torch.equal(v_pages[untouched], v_before[untouched])
+    else:
+        out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, causal=True,
+                                                num_splits=num_splits)
+        k_after, v_after = k_cache, v_cache
+    assert torch.equal(k_after, k_full) and torch.equal(v_after, v_full), "the append changed other slots"
+    ref, _, base = expected(q, k_full, v_full, [n + new for n in lengths], causal=True)
+    assert_attention_close(out, ref, base)
+
+
+def test_cache_batch_idx_and_int_seqlens():
+    q = randn(2, 1, 4, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(5, 100, 4, 64, dtype=torch.float16) for _ in range(2))
+    idx = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE)
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=70, cache_batch_idx=idx)
+    ref, _, base = expected(q, k_cache[idx.long()], v_cache[idx.long()], [70, 70])
+    assert_attention_close(out, ref, base)
+
+
+def test_full_cache_without_seqlens_and_window():
+    q = randn(2, 3, 4, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(2, 130, 2, 64, dtype=torch.float16) for _ in range(2))
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, window_size=(20, 0), num_splits=2)
+    ref, _, base = expected(q, k_cache, v_cache, [130, 130], window_size=(20, 0))
+    assert_attention_close(out, ref, base)
+
+
+def test_combine_matches_attention_over_all_keys():
+    """Attention over three disjoint key shards, merged by combine, equals attention over all keys;
+    an empty shard (LSE -inf) contributes nothing."""
+    q = randn(2, 9, 4, 64, dtype=torch.float16)
+    k, v = (randn(2, 120, 4, 64, dtype=torch.float16) for _ in range(2))
+    parts, lses = [], []
+    for lo, hi in ((0, 50), (50, 50), (50, 120)):
+        if hi == lo:
+            parts.append(torch.full_like(q, float("nan")))
+            lses.append(torch.full((2, 4, 9), float("-inf"), device=DEVICE))
+            continue
+        out, lse, _ = flashtile.flash_attn_func(q, k[:, lo:hi], v[:, lo:hi], return_attn_probs=True)
+        parts.append(out)
+        lses.append(lse)
+    merged = flashtile.combine(torch.stack(parts), torch.stack(lses))
+    ref, _ = reference.attention(q, k, v)
+    assert_attention_close(merged, ref, torch_attention(q, k, v))
+
+
+def test_combine_all_empty_gives_zero():
+    parts = randn(3, 1, 2, 2, 32, dtype=torch.float16)
+    lses = torch.full((3, 1, 2, 2), float("-inf"), device=DEVICE)
+    assert torch.equal(flashtile.combine(parts, lses), torch.zeros(1, 2, 2, 32, dtype=torch.float16, device=DEVICE))
+
+
+def _kv(batch=2, capacity=64, nheads_k=2):
+    return tuple(randn(batch, capacity, nheads_k, 64, dtype=torch.float16) for _ in range(2))
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+BAD = {
+    "seqlens-beyond": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=_i32([3, 65])),
+                       ValueError, "within the cache"),
+    "append-beyond": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=63), ValueError, "within the cache"),
+    "seqlens-int64": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=_i32([1, 2]).long()), TypeError, "cache_seqlens must be int32"),
+    "table-out-of-range": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc.view(8, 16, 2, 64), vc.view(8, 16, 2, 64), cache_seqlens=30, block_table=_i32([[0, 9], [1, 2]])),
+        ValueError, "block_table holds page indices"),
+    "table-dtype": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc.view(8, 16, 2, 64), vc.view(8, 16, 2, 64), block_table=_i32([[0, 1], [2, 3]]).long()), TypeError,
+        "block_table must be int32"),
+    "cache-dtype": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc.float(), vc.float()), TypeError,
+                    "k_cache has dtype"),
+    "k-without-v": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, k=kc[:, :1], cache_seqlens=1),
+                    ValueError, "k and v must be given together"),
+    "batch-idx-range": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, cache_batch_idx=_i32([0, 2])), ValueError, "cache_batch_idx holds"),
+    "rotary": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, rotary_cos=torch.ones(4, 32)),
+               NotImplementedError, "rotary_cos"),
+    "num-splits": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, num_splits=-1), ValueError,
+                   "num_splits"),
+    "combine-shape": (lambda q, kc, vc: flashtile.combine(q[None], torch.zeros(1, 2, 3, 1, device=DEVICE)),
+                      ValueError, "lse_partials must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input(case):
+    fn, error, message = BAD[case]
+    with pytest.raises(error, match=message):
+        fn(randn(2, 1, 4, 64, dtype=torch.float16), *_kv())
