@@ -14,7 +14,7 @@ from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
 from .kernels.decode import launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
-from .kernels.tiles import head_dim_pad
+from .kernels.tiles import cdiv, head_dim_pad
 
 _TMA_ALIGN = 16  # bytes: base address and every stride but the last of a TMA descriptor
 
@@ -187,16 +187,16 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_tabl
 
 
 def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,
-                    num_splits):
+                    num_splits, config=None):
     """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] keys of each
     sequence's cache. Returns (out, lse [batch, nheads, seqlen_q])."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    config = configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
+    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
     if num_splits <= 0:  # enough programs for about four per SM, but no split shorter than DECODE_MIN_CHUNK keys
         programs = batch * k_cache.shape[2]
-        num_splits = min(triton.cdiv(4 * _num_sms(q.device), programs), triton.cdiv(capacity, configs.DECODE_MIN_CHUNK))
-    chunk = triton.cdiv(triton.cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
-    num_splits = triton.cdiv(capacity, chunk)
+        num_splits = min(cdiv(4 * _num_sms(q.device), programs), cdiv(capacity, configs.DECODE_MIN_CHUNK))
+    chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
+    num_splits = cdiv(capacity, chunk)
     out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     _ensure_allocator(q.device)

@@ -70,7 +70,7 @@ def main():
     for pad, cfg in configs.DECODE_SM90.items():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
-                          MASK_LEFT=False, MASK_RIGHT=False, DOT_PRECISION="tf32")
+                          USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, DOT_PRECISION="tf32")
             rows.append(compile_kernel(flash_decode_split_kernel, dict(Q=0, K=0, V=0), consts, cfg, True))
     json.dump(rows, sys.stdout, indent=None)
 

@@ -40,15 +40,43 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
     }
 
 
+def sweep(shapes=((1, 4096), (8, 131072), (32, 32768))):
+    """Decode tile configs on a few shapes (contiguous cache, automatic splits): KV TB/s per config."""
+    from .. import ops
+    from ..configs import TileConfig
+    candidates = [TileConfig(16, *c) for c in [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 2)]]
+    print("| block_n, warps, stages | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
+    print("|---" * (len(shapes) + 1) + "|")
+    results = {c: [] for c in candidates}
+    for batch, seqlen in shapes:
+        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        kc, vc = (torch.randn(batch, 8, seqlen, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                  for _ in range(2))
+        seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
+        idx = torch.arange(batch, dtype=torch.int32, device="cuda")
+        for cfg in candidates:
+            try:
+                us = bench_ms(lambda: ops.kvcache_forward(q, kc, vc, seqlens, idx, None, seqlen, 0.088, (-1, -1), 0,
+                                                          config=cfg)) * 1e3
+                results[cfg].append(f"{2 * batch * seqlen * 8 * 128 * 2 / us / 1e6:.2f}")
+            except Exception as err:  # a config that does not fit is reported
+                results[cfg].append(type(err).__name__)
+    for cfg, cells in results.items():
+        print(f"| {cfg.block_n}, {cfg.num_warps}, {cfg.num_stages} | " + " | ".join(cells) + " |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.decode", description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 32768, 131072])
     parser.add_argument("--graph-max-batch", type=int, default=8, help="CUDA-graph timing for B up to this")
     parser.add_argument("--out", default="results")
+    parser.add_argument("--sweep", action="store_true", help="only sweep the decode tile configs")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flashtile.bench.decode needs a CUDA GPU")
+    if args.sweep:
+        return sweep()
     import triton
     os.makedirs(args.out, exist_ok=True)
     rows = []

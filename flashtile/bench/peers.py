@@ -1,7 +1,6 @@
 """The attention implementations users pick today. Each entry makes (prepare, run): ``prepare`` turns
 flash-attn layout (batch, seqlen, nheads, headdim) inputs into fresh leaf tensors in the peer's own
 layout, outside the timed call; ``run(q, k, v)`` is what gets timed."""
-import torch
 import torch.nn.functional as F
 
 from .. import reference

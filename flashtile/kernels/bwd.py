@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import band_mask, band_tiles, head_dim_pad, host_descriptors, load_tile, sequence_bounds, \
-    sequence_desc, store_tile
+from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile, sequence_bounds,
+                    sequence_desc, store_tile)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -224,7 +224,7 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         lse_strides = (lse.stride(0), lse.stride(1))
     delta = torch.empty_like(lse)
-    bwd_preprocess_kernel[(triton.cdiv(seqlen_q, 64), batch * nheads)](
+    bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
         out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=64, IS_VARLEN=is_varlen)
     dq_acc = None if deterministic else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
@@ -241,7 +241,7 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
                                  (dk, cfg.block_n), (dv, cfg.block_n)), pad)
     strides = [s for t in (q, k, v, dout, dk, dv) for s in (t.stride(-3), t.stride(-2))]
     dq_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
-    flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), batch * nheads_k)](
+    flash_bwd_dkdv_kernel[(cdiv(seqlen_k, cfg.block_n), batch * nheads_k)](
         *args, lse, delta, dq_acc if dq_acc is not None else dq, cu_seqlens_q, cu_seqlens_k, *strides,
         *lse_strides, *dq_strides, seqlen_q, seqlen_k, nheads_k, nheads // nheads_k, *scalars,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=not deterministic, **common,
@@ -257,7 +257,7 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
         args = host_descriptors(((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dout, cfg.block_m),
                                  (dq, cfg.block_m)), pad)
     strides = [s for t in (q, k, v, dout, dq) for s in (t.stride(-3), t.stride(-2))]
-    flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m), batch * nheads)](
+    flash_bwd_dq_kernel[(cdiv(seqlen_q, cfg.block_m), batch * nheads)](
         *args, lse, delta, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides, seqlen_q, seqlen_k, nheads,
         nheads // nheads_k, *scalars, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .online_softmax import online_softmax_step
-from .tiles import band_mask
+from .tiles import band_mask, cdiv, next_pow2
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -28,8 +28,8 @@ def flash_decode_split_kernel(
     stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_bt,
     seqlen_q, nheads_k, page_size, chunk, qk_scale, left, right,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
+    MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -55,6 +55,11 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
     if not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64)
+    if USE_TMA:  # a contiguous cache: TMA tiles bounded by this split's end, pipelined by the compiler
+        k_desc = tl.make_tensor_descriptor(K + cache_row * stride_kp + h_k * stride_kh, shape=[tl.maximum(end, 1), HEAD_DIM],
+                                           strides=[stride_kt, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
+        v_desc = tl.make_tensor_descriptor(V + cache_row * stride_vp + h_k * stride_vh, shape=[tl.maximum(end, 1), HEAD_DIM],
+                                           strides=[stride_vt, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
@@ -64,18 +69,24 @@ def flash_decode_split_kernel(
         if PAGED:
             page = tl.load(block_table + b * stride_bt + keys // page_size, mask=keys < end, other=0).to(tl.int64)
             slot = (keys % page_size).to(tl.int64)
-        else:
+        elif not USE_TMA:
             page = cache_row + tl.zeros([BLOCK_N], tl.int64)
             slot = keys.to(tl.int64)
         kv_ok = (keys < end)[:, None] & d_ok[None, :]
-        k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
-                    mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
+        if USE_TMA:
+            k = k_desc.load([start_n, 0])  # [BLOCK_N, HEAD_DIM]
+        else:
+            k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
+                        mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
         qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
-        v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vt + h_k * stride_vh + offs_d[None, :],
-                    mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
+        if USE_TMA:
+            v = v_desc.load([start_n, 0])  # [BLOCK_N, HEAD_DIM]
+        else:
+            v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vt + h_k * stride_vh + offs_d[None, :],
+                        mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
 
@@ -123,13 +134,18 @@ def launch_combine(out_partials, lse_partials, out, lse):
     combine_kernel[(batch * seqlen_q * nheads,)](
         out_partials, lse_partials, out, lse, num_splits, seqlen_q, nheads,
         *out_partials.stride()[:4], *lse_partials.stride()[:3], *out.stride()[:3], lse.stride(0), lse.stride(1),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=1)
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
+        BLOCK_S=max(2, next_pow2(num_splits)), num_warps=1)
+
+
+def _tma_addressable(t):
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1]))
 
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
                   softmax_scale, window_size, config):
-    """Fill the partials: one program per (split, batch, KV head)."""
+    """Fill the partials: one program per (split, batch, KV head, tile of query rows)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -137,13 +153,15 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     left, right = window_size
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
-    block_m = min(128, max(16, triton.next_power_of_2(group * seqlen_q)))
-    flash_decode_split_kernel[(num_splits, batch * nheads_k, triton.cdiv(group * seqlen_q, block_m))](
+    block_m = min(128, max(16, next_pow2(group * seqlen_q)))
+    flash_decode_split_kernel[(num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))](
         q, k_cache, v_cache, out_part, lse_part, cache_seqlens, block_table, batch_idx,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out_part.stride()[:4],
         *lse_part.stride()[:3], block_table.stride(0) if paged else 0,
         seqlen_q, nheads_k, page_size, chunk, softmax_scale * 1.4426950408889634, max(left, 0), max(right, 0),
-        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=block_m, BLOCK_N=config.block_n, PAGED=paged, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, PAGED=paged,
+        USE_TMA=not paged and _tma_addressable(k_cache) and _tma_addressable(v_cache),
+        MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
         num_stages=config.num_stages)

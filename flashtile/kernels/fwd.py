@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from .online_softmax import online_softmax_step
-from .tiles import band_mask, band_tiles, head_dim_pad, host_descriptors, load_tile, sequence_bounds, \
-    sequence_desc, store_tile
+from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile, sequence_bounds,
+                    sequence_desc, store_tile)
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
@@ -114,7 +114,7 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
                                  (out, config.block_m)), pad)
         lse_strides = (lse.stride(0), lse.stride(1))
     strides = [s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2))]
-    grid = (triton.cdiv(seqlen_q, config.block_m), batch * nheads)
+    grid = (cdiv(seqlen_q, config.block_m), batch * nheads)
     flash_fwd_kernel[grid](
         *args, lse, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
         seqlen_q, seqlen_k, nheads, nheads // k.shape[-2], softmax_scale * LOG2E,

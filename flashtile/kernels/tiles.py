@@ -91,5 +91,14 @@ def host_descriptors(tensors_and_blocks, head_dim_pad):
     return tuple(descs)
 
 
+def cdiv(a, b):
+    """Host-side ceil division (triton.cdiv is a jit function: microseconds per host call)."""
+    return -(-a // b)
+
+
+def next_pow2(n):
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def head_dim_pad(head_dim):
-    return max(32, triton.next_power_of_2(head_dim))
+    return max(32, next_pow2(head_dim))
