@@ -10,6 +10,7 @@ _PUBLIC = {
     "scaled_dot_product_attention": "api",
     "flash_attn_with_kvcache": "api",
     "combine": "api",
+    "set_value_checks": "checks",
 }
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"

@@ -6,6 +6,16 @@ import os
 import torch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_value_checks = os.environ.get("FLASHTILE_VALUE_CHECKS", "1") != "0"
+
+
+def set_value_checks(enabled):
+    """Turn on or off the checks that read device tensors on the host (cu_seqlens, cache_seqlens,
+    block_table, cache_batch_idx). Each costs a device-to-host copy, so a GPU sync per call; a decode
+    loop that has validated its inputs once can turn them off (or run under a CUDA graph, where they are
+    skipped). Also FLASHTILE_VALUE_CHECKS=0."""
+    global _value_checks
+    _value_checks = bool(enabled)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 
 
@@ -90,8 +100,9 @@ def window(window_size, causal):
 
 
 def _host_checks_allowed(t):
-    """Value checks read the tensor on the host: skip them while tracing or capturing a CUDA graph."""
-    if torch.compiler.is_compiling():
+    """Value checks read the tensor on the host: skip them while tracing or capturing a CUDA graph, or
+    when turned off with set_value_checks(False)."""
+    if not _value_checks or torch.compiler.is_compiling():
         return False
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 

@@ -89,8 +89,9 @@ def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
 
 
 # Decode (split-KV): block_n keys per step; block_m is set by the query rows (group x new tokens).
-# A first choice for sm90, not yet swept; docs/perf.md has its numbers.
-DECODE_SM90 = {32: TileConfig(16, 128, 4, 3), 64: TileConfig(16, 128, 4, 3), 128: TileConfig(16, 128, 4, 3),
+# `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v1.md), D=128: 64 keys, 4 warps,
+# 4 stages read 4.39 TB/s at B=8, L=128k (128/4/3: 4.34) and 4.50 at B=32, L=32k (4.55). Others unswept.
+DECODE_SM90 = {32: TileConfig(16, 64, 4, 4), 64: TileConfig(16, 64, 4, 4), 128: TileConfig(16, 64, 4, 4),
                256: TileConfig(16, 64, 4, 3)}
 DECODE_INTERPRETER = TileConfig(16, 64, 4, 1)
 DECODE_MIN_CHUNK = 512  # keys per split at least: below that the combine costs more than it spreads

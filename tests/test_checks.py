@@ -135,3 +135,16 @@ def test_sdpa_rank():
     q, k, v = sdpa_inputs()
     with pytest.raises(ValueError, match="query must be a 4-D"):
         flashtile.scaled_dot_product_attention(q[0], k, v)
+
+
+def test_value_checks_can_be_turned_off(monkeypatch):
+    """With set_value_checks(False) the host never reads cu_seqlens: a too-small max_seqlen goes unnoticed."""
+    q, k, v, cu, max_seqlen = varlen()
+    monkeypatch.setattr(fwd.flash_fwd_kernel, "run", lambda *args, **kwargs: None)
+    flashtile.set_value_checks(False)
+    try:
+        call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)
+    finally:
+        flashtile.set_value_checks(True)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)

@@ -16,7 +16,7 @@ from .__main__ import bench_ms, is_oom, progress
 
 
 def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
-    from .. import flash_attn_with_kvcache
+    from .. import flash_attn_with_kvcache, set_value_checks
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q = torch.randn(batch, 1, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
     k_cache, v_cache = (torch.randn(batch, seqlen, nheads_k, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -33,19 +33,30 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
         return run
     # flashtile reads the same tensors in flash-attn's (batch, seqlen, nheads_k, headdim) layout view
     k_view, v_view = kt.transpose(1, 2), vt.transpose(1, 2)
+    def ours(value_checks):
+        def run():
+            set_value_checks(value_checks)
+            try:
+                return flash_attn_with_kvcache(q, k_view, v_view, cache_seqlens=seqlens)
+            finally:
+                set_value_checks(True)
+        return run
     return {
-        "flashtile": lambda: flash_attn_with_kvcache(q, k_view, v_view, cache_seqlens=seqlens),
+        "flashtile": ours(False),
+        "flashtile, value checks on": ours(True),
         "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
         "FA2 (SDPA flash)": sdpa(SDPBackend.FLASH_ATTENTION),
     }
 
 
-def sweep(shapes=((1, 4096), (8, 131072), (32, 32768))):
-    """Decode tile configs on a few shapes (contiguous cache, automatic splits): KV TB/s per config."""
+def sweep(shapes=((1, 4096), (1, 32768), (8, 4096), (8, 131072), (32, 32768))):
+    """Decode tile configs and split counts (0: automatic) on a few shapes, contiguous cache, timed under a
+    CUDA graph so that host time does not count: KV TB/s per (config, splits)."""
+    import triton
     from .. import ops
     from ..configs import TileConfig
-    candidates = [TileConfig(16, *c) for c in [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 2)]]
-    print("| block_n, warps, stages | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
+    candidates = [(TileConfig(16, *c), s) for c in [(128, 4, 3), (64, 4, 4)] for s in (0, 8, 16, 32, 64)]
+    print("| block_n, warps, stages, splits | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
     print("|---" * (len(shapes) + 1) + "|")
     results = {c: [] for c in candidates}
     for batch, seqlen in shapes:
@@ -54,15 +65,16 @@ def sweep(shapes=((1, 4096), (8, 131072), (32, 32768))):
                   for _ in range(2))
         seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
         idx = torch.arange(batch, dtype=torch.int32, device="cuda")
-        for cfg in candidates:
+        for cfg, splits in candidates:
             try:
-                us = bench_ms(lambda: ops.kvcache_forward(q, kc, vc, seqlens, idx, None, seqlen, 0.088, (-1, -1), 0,
-                                                          config=cfg)) * 1e3
-                results[cfg].append(f"{2 * batch * seqlen * 8 * 128 * 2 / us / 1e6:.2f}")
+                us = triton.testing.do_bench_cudagraph(lambda: ops.kvcache_forward(
+                    q, kc, vc, seqlens, idx, None, seqlen, 0.088, (-1, -1), splits, config=cfg),
+                    rep=50, return_mode="median") * 1e3
+                results[(cfg, splits)].append(f"{2 * batch * seqlen * 8 * 128 * 2 / us / 1e6:.2f} ({us:.0f})")
             except Exception as err:  # a config that does not fit is reported
-                results[cfg].append(type(err).__name__)
-    for cfg, cells in results.items():
-        print(f"| {cfg.block_n}, {cfg.num_warps}, {cfg.num_stages} | " + " | ".join(cells) + " |")
+                results[(cfg, splits)].append(type(err).__name__)
+    for (cfg, splits), cells in results.items():
+        print(f"| {cfg.block_n}, {cfg.num_warps}, {cfg.num_stages}, {splits} | " + " | ".join(cells) + " |")
 
 
 def main(argv=None):
