@@ -30,6 +30,10 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
             sig[name] = f"*{dtype}" if varlen else f"tensordesc<{dtype}[1, {tensors[name]}, 1, {pad}]>"
         elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part"):
             sig[name] = "*fp32"
+        elif name in ("Q", "K", "V"):  # decode's pointers (its K, V descriptors are listed in tensors)
+            sig[name] = f"*{dtype}"
+        elif name == "__never__":
+            sig[name] = "*fp32"
         elif name.startswith("cu_seqlens") or name in ("cache_seqlens", "block_table", "batch_idx"):
             sig[name] = "*i32"
         else:
@@ -71,7 +75,9 @@ def main():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
                           USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, DOT_PRECISION="tf32")
-            rows.append(compile_kernel(flash_decode_split_kernel, dict(Q=0, K=0, V=0), consts, cfg, True))
+            tensors = dict(K=cfg.block_n, V=cfg.block_n)
+            kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
+            rows.append(kernel)
     json.dump(rows, sys.stdout, indent=None)
 
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .online_softmax import online_softmax_step
-from .tiles import band_mask, cdiv, next_pow2
+from .tiles import band_mask, cdiv, host_descriptors, next_pow2
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -55,11 +55,6 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
     if not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64)
-    if USE_TMA:  # a contiguous cache: TMA tiles bounded by this split's end, pipelined by the compiler
-        k_desc = tl.make_tensor_descriptor(K + cache_row * stride_kp + h_k * stride_kh, shape=[tl.maximum(end, 1), HEAD_DIM],
-                                           strides=[stride_kt, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
-        v_desc = tl.make_tensor_descriptor(V + cache_row * stride_vp + h_k * stride_vh, shape=[tl.maximum(end, 1), HEAD_DIM],
-                                           strides=[stride_vt, 1], block_shape=[BLOCK_N, HEAD_DIM_PAD])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
@@ -73,8 +68,8 @@ def flash_decode_split_kernel(
             page = cache_row + tl.zeros([BLOCK_N], tl.int64)
             slot = keys.to(tl.int64)
         kv_ok = (keys < end)[:, None] & d_ok[None, :]
-        if USE_TMA:
-            k = k_desc.load([start_n, 0])  # [BLOCK_N, HEAD_DIM]
+        if USE_TMA:  # K, V: host-built 4-D descriptors over the contiguous cache, pipelined by the compiler
+            k = K.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM]
         else:
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
                         mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
@@ -82,8 +77,8 @@ def flash_decode_split_kernel(
         ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
         qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
-        if USE_TMA:
-            v = v_desc.load([start_n, 0])  # [BLOCK_N, HEAD_DIM]
+        if USE_TMA:  # rows past this split's end are real (maybe never written) cache memory: zero them
+            v = tl.where(kv_ok, V.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD), 0.0)
         else:
             v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vt + h_k * stride_vh + offs_d[None, :],
                         mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
@@ -154,14 +149,18 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
     block_m = min(128, max(16, next_pow2(group * seqlen_q)))
+    pad = max(16, next_pow2(head_dim))
+    use_tma = not paged and _tma_addressable(k_cache) and _tma_addressable(v_cache)
+    k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad) if use_tma else (
+        k_cache, v_cache)
     flash_decode_split_kernel[(num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))](
-        q, k_cache, v_cache, out_part, lse_part, cache_seqlens, block_table, batch_idx,
+        q, k_arg, v_arg, out_part, lse_part, cache_seqlens, block_table, batch_idx,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out_part.stride()[:4],
         *lse_part.stride()[:3], block_table.stride(0) if paged else 0,
         seqlen_q, nheads_k, page_size, chunk, softmax_scale * 1.4426950408889634, max(left, 0), max(right, 0),
-        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad,
         BLOCK_M=block_m, BLOCK_N=config.block_n, PAGED=paged,
-        USE_TMA=not paged and _tma_addressable(k_cache) and _tma_addressable(v_cache),
+        USE_TMA=use_tma,
         MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
         num_stages=config.num_stages)
