@@ -192,9 +192,8 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     sequence's cache. Returns (out, lse [batch, nheads, seqlen_q])."""
     batch, seqlen_q, nheads, head_dim = q.shape
     config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
-    if num_splits <= 0:  # enough programs for about four per SM, but no split shorter than DECODE_MIN_CHUNK keys
-        programs = batch * k_cache.shape[2]
-        num_splits = min(cdiv(4 * _num_sms(q.device), programs), cdiv(capacity, configs.DECODE_MIN_CHUNK))
+    if num_splits <= 0:
+        num_splits = configs.decode_splits(batch * k_cache.shape[2], capacity, _num_sms(q.device))
     chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
     out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
