@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile, sequence_bounds,
-                    sequence_desc, store_tile)
+from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
+                    q_tile_program, sequence_bounds, sequence_desc, store_tile)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -161,14 +161,8 @@ def flash_bwd_dq_kernel(
     IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // nheads
-    h = pid_bh % nheads
-    h_k = h // group
-    q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
-    start_m = pid_m * BLOCK_M
+    start_m, b, h, h_k, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(
+        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group, BLOCK_M, IS_VARLEN)
     if start_m < seqlen_q:
         if IS_VARLEN:
             q_desc = sequence_desc(Q, q_start, stride_qn, h * stride_qh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from .online_softmax import online_softmax_step
-from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile, sequence_bounds,
-                    sequence_desc, store_tile)
+from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
+                    q_tile_program, sequence_desc, store_tile)
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
@@ -49,15 +49,8 @@ def flash_fwd_kernel(
 ):
     """Q, K, V, O: 4-D (batch, seqlen, nheads, headdim) tensor descriptors, or, with IS_VARLEN, pointers
     to packed (total, nheads, headdim) tensors whose sequences cu_seqlens delimit."""
-    # Q tiles with the most keys (the last ones, under a causal mask) are launched first.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // nheads
-    h = pid_bh % nheads
-    h_k = h // group
-    q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
-    start_m = pid_m * BLOCK_M
+    start_m, b, h, h_k, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(
+        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group, BLOCK_M, IS_VARLEN)
     if start_m < seqlen_q:
         if IS_VARLEN:
             q_desc = sequence_desc(Q, q_start, stride_qn, h * stride_qh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)

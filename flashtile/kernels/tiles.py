@@ -46,6 +46,19 @@ def sequence_bounds(cu_seqlens, b, seqlen, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def q_tile_program(cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group, BLOCK_M: tl.constexpr,
+                   IS_VARLEN: tl.constexpr):
+    """The Q tile a program of a (Q tiles, batch·heads) grid owns: Q tiles with the most keys (the last
+    ones, under a causal mask) come first. Returns start_m, b, h, h_k and both sequences' (start, length)."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    b = tl.program_id(1) // nheads
+    h = tl.program_id(1) % nheads
+    q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
+    return pid_m * BLOCK_M, b, h, h // group, q_start, seqlen_q, k_start, seqlen_k
+
+
+@triton.jit
 def band_mask(own, other, seqlen_other, diag, left, right, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
     """[len(own), len(other)]: True where row ``own`` may see column ``other``."""
     ok = other[None, :] < seqlen_other
