@@ -1,4 +1,4 @@
-"""``flashtile demo | bench | tune | info``."""
+"""``flashtile demo | bench | tune | viz | info``."""
 import argparse
 import os
 import sys
@@ -69,6 +69,20 @@ def demo(args):
     return 0 if ok else 1
 
 
+def viz(args):
+    from .trace import trace
+    from .viz import playground, render
+    if args.playground:
+        html = playground()
+    else:
+        html = render(trace(args.algo, args.seqlen, args.head_dim, args.block_m, args.block_n, args.causal))
+    with open(args.output, "w") as f:
+        f.write(html)
+    print(f"wrote {args.output}" + ("" if args.playground else f" ({args.algo}, N={args.seqlen}, D={args.head_dim}, "
+                                                            f"tiles {args.block_m}x{args.block_n})"))
+    return 0
+
+
 def info(_args):
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}")
@@ -88,6 +102,15 @@ def main(argv=None):
     sub.add_parser("bench", help="the full benchmark (GPU); same as python -m flashtile.bench", add_help=False)
     sub.add_parser("tune", help="the tile-config sweep (GPU)", add_help=False)
     sub.add_parser("info", help="versions and device")
+    p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")
+    p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "decode"], default="fa2")
+    p_viz.add_argument("--seqlen", type=int, default=8)
+    p_viz.add_argument("--head-dim", type=int, default=4)
+    p_viz.add_argument("--block-m", type=int, default=2)
+    p_viz.add_argument("--block-n", type=int, default=2)
+    p_viz.add_argument("--causal", action="store_true")
+    p_viz.add_argument("--playground", action="store_true", help="the interactive attention playground instead")
+    p_viz.add_argument("-o", "--output", default="page.html")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         from .bench.__main__ import main as bench_main
@@ -95,7 +118,7 @@ def main(argv=None):
     if args.command == "tune":
         from .bench.tune import main as tune_main
         return tune_main(rest)
-    return {"demo": demo, "info": info}[args.command](args)
+    return {"demo": demo, "info": info, "viz": viz}[args.command](args)
 
 
 if __name__ == "__main__":

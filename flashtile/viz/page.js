@@ -1,0 +1,101 @@
+// Step-through of one trace: HBM and SRAM boxes, counters, caption, kernel line; replayed from step 0.
+(function () {
+  const steps = TRACE.steps;
+  let current = 0;  // number of steps applied
+  let timer = null;
+  const $ = (id) => document.getElementById(id);
+  const tensors = Object.keys(TRACE.shapes);
+
+  function gridSize(name) {
+    const [rows, cols] = TRACE.shapes[name], [tr, tc] = TRACE.tiles[name];
+    return [Math.ceil(rows / tr), Math.ceil(cols / tc)];
+  }
+  function build() {
+    const hbm = $("hbm-tensors");
+    for (const name of tensors) {
+      const [gr, gc] = gridSize(name);
+      const wrap = document.createElement("div");
+      wrap.className = "tensor";
+      wrap.innerHTML = '<div class="name">' + name + " " + TRACE.shapes[name].join("×") + "</div>";
+      const grid = document.createElement("div");
+      grid.className = "grid";
+      grid.style.gridTemplateColumns = "repeat(" + gc + ", 22px)";
+      for (let r = 0; r < gr; r++) for (let c = 0; c < gc; c++) {
+        const tile = document.createElement("div");
+        tile.className = "tile";
+        tile.id = "hbm-" + name + "-" + r + "-" + c;
+        tile.textContent = gc > 1 ? r + "," + c : r;
+        grid.appendChild(tile);
+      }
+      wrap.appendChild(grid);
+      hbm.appendChild(wrap);
+    }
+    const counters = $("counters");
+    counters.innerHTML = "<tr><th>tensor</th><th>read (B)</th><th>written (B)</th></tr>" +
+      tensors.map((t) => '<tr><td style="text-align:left">' + t + '</td><td id="counter-' + t +
+        '-read">0</td><td id="counter-' + t + '-written">0</td></tr>').join("") +
+      '<tr><th>total</th><th id="counter-total-read">0</th><th id="counter-total-written">0</th></tr>';
+    $("code").innerHTML = TRACE.code.map((line, i) => '<span class="line" id="code-line-' + i + '">' +
+      String(i).padStart(2) + "  " + line.replace(/&/g, "&amp;").replace(/</g, "&lt;") + "</span>").join("");
+    $("steps").innerHTML = steps.map((s, i) => '<li id="step-' + i + '">' + s.kind +
+      (s.tensor ? " " + s.tensor + "[" + s.tile.join(",") + "]" : "") + " — " + s.caption + "</li>").join("");
+    steps.forEach((s, i) => $("step-" + i).addEventListener("click", () => show(i + 1)));
+    $("scrub").max = steps.length;
+  }
+  function show(n) {
+    current = Math.max(0, Math.min(n, steps.length));
+    const read = {}, written = {}, sram = {};
+    for (const t of tensors) { read[t] = 0; written[t] = 0; }
+    document.querySelectorAll(".tile").forEach((el) => { el.className = "tile"; });
+    for (let i = 0; i < current; i++) {
+      const s = steps[i];
+      if (!s.tensor) continue;
+      const el = $("hbm-" + s.tensor + "-" + s.tile.join("-"));
+      if (s.kind === "load") { read[s.tensor] += s.bytes; sram[s.tensor] = s; }
+      if (s.kind === "store") { written[s.tensor] += s.bytes; sram[s.tensor] = s; }
+      if (el) el.className = "tile " + (s.kind === "skip" ? "skip" : "touched");
+    }
+    const last = current > 0 ? steps[current - 1] : null;
+    if (last && last.tensor && last.kind !== "skip") {
+      const el = $("hbm-" + last.tensor + "-" + last.tile.join("-"));
+      if (el) el.className = "tile " + last.kind;
+    }
+    let totalRead = 0, totalWritten = 0;
+    for (const t of tensors) {
+      $("counter-" + t + "-read").textContent = read[t];
+      $("counter-" + t + "-written").textContent = written[t];
+      totalRead += read[t]; totalWritten += written[t];
+    }
+    $("counter-total-read").textContent = totalRead;
+    $("counter-total-written").textContent = totalWritten;
+    $("sram-tiles").innerHTML = Object.values(sram).map((s) => '<span class="sram-tile ' + s.kind + '">' +
+      s.tensor + "[" + s.tile.join(",") + "]" + (s.kind === "store" ? " → HBM" : "") + "</span>").join("");
+    document.querySelectorAll("#code .line").forEach((el) => el.classList.remove("current"));
+    document.querySelectorAll("#steps li").forEach((el) => el.classList.remove("current"));
+    if (last) {
+      $("code-line-" + last.line).classList.add("current");
+      $("step-" + (current - 1)).classList.add("current");
+      let shown = last;  // the latest step that carried running values
+      for (let i = current - 1; i >= 0 && !Object.keys(shown.state).length; i--) shown = steps[i];
+      $("state").textContent = Object.entries(shown.state).map(([k, v]) => k + " = " + JSON.stringify(v)).join("\n");
+    } else {
+      $("state").textContent = "";
+    }
+    $("caption").textContent = last ? "Step " + current + ": " + last.caption : "Press play or step to begin.";
+    $("scrub").value = current;
+    $("position").textContent = current + " / " + steps.length;
+  }
+  function play() {
+    if (timer) return;
+    timer = setInterval(() => { if (current >= steps.length) pause(); else show(current + 1); }, 400);
+  }
+  function pause() { clearInterval(timer); timer = null; }
+  build();
+  $("play").addEventListener("click", play);
+  $("pause").addEventListener("click", pause);
+  $("next").addEventListener("click", () => { pause(); show(current + 1); });
+  $("prev").addEventListener("click", () => { pause(); show(current - 1); });
+  $("reset").addEventListener("click", () => { pause(); show(0); });
+  $("scrub").addEventListener("input", (e) => { pause(); show(parseInt(e.target.value, 10)); });
+  show(0);
+})();

@@ -1,0 +1,42 @@
+"""Screenshots of each visualization page for the docs (headless Chromium):
+    python scripts/screenshots.py  ->  docs/viz-<algo>.png, docs/viz-playground.png"""
+import tempfile
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from flashtile.trace import trace
+from flashtile.viz import playground, render
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGES = {"naive": (False, 20), "softmax": (False, 12), "fa1": (True, 25), "fa2": (True, 14), "decode": (False, 14)}
+
+
+def main():
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--window-size=1400,900"):
+        options.add_argument(flag)
+    options.binary_location = "/usr/bin/chromium"
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        for algo, (causal, steps) in PAGES.items():
+            page = Path(tmp) / f"{algo}.html"
+            page.write_text(render(trace(algo, 8, 4, 2, 2, causal)))
+            driver.get(page.as_uri())
+            for _ in range(steps):
+                driver.find_element(By.ID, "next").click()
+            driver.save_screenshot(str(DOCS / f"viz-{algo}.png"))
+        page = Path(tmp) / "playground.html"
+        page.write_text(playground())
+        driver.get(page.as_uri())
+        driver.find_element(By.ID, "causal").click()
+        driver.find_element(By.ID, "S-3-1").click()
+        driver.save_screenshot(str(DOCS / "viz-playground.png"))
+    driver.quit()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The pages in a real browser: headless Chromium opens each, steps through it, and the counters it shows
+must equal the tracer's and the closed forms; any JavaScript error fails the test."""
+import os
+import shutil
+
+import pytest
+
+from flashtile.trace import trace
+from flashtile.viz import playground, render
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+if os.environ.get("FLASHTILE_REQUIRE_BROWSER") == "1" and not (CHROMIUM and CHROMEDRIVER):
+    raise RuntimeError("FLASHTILE_REQUIRE_BROWSER=1 but chromium / chromedriver are not installed")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, tmp_path, html, name):
+    path = tmp_path / f"{name}.html"
+    path.write_text(html)
+    browser.get(path.as_uri())
+    return browser
+
+
+def assert_no_js_errors(browser):
+    from selenium.webdriver.common.by import By
+    assert browser.find_element(By.ID, "errors").text == ""
+    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
+
+
+def shown_counters(browser, tensors):
+    from selenium.webdriver.common.by import By
+    read = {t: int(browser.find_element(By.ID, f"counter-{t}-read").text) for t in tensors}
+    written = {t: int(browser.find_element(By.ID, f"counter-{t}-written").text) for t in tensors}
+    return read, written
+
+
+@pytest.mark.parametrize("algo, causal", [("naive", False), ("softmax", True), ("fa1", False), ("fa1", True),
+                                          ("fa2", False), ("fa2", True), ("decode", False)])
+def test_page_steps_and_counts(browser, tmp_path, algo, causal):
+    from selenium.webdriver.common.by import By
+    t = trace(algo, seqlen=8, head_dim=4, block_m=2, block_n=2, causal=causal)
+    open_page(browser, tmp_path, render(t), algo)
+    assert_no_js_errors(browser)
+    tensors = list(t.shapes)
+    # step by step through the first steps: the page's counters follow the trace's prefix sums
+    for n in range(1, 13):
+        browser.find_element(By.ID, "next").click()
+        read, written = shown_counters(browser, tensors)
+        for name in tensors:
+            assert read[name] == sum(s.bytes for s in t.steps[:n] if s.kind == "load" and s.tensor == name)
+            assert written[name] == sum(s.bytes for s in t.steps[:n] if s.kind == "store" and s.tensor == name)
+        assert browser.find_element(By.ID, "position").text == f"{n} / {len(t.steps)}"
+        assert f"code-line-{t.steps[n - 1].line}" == browser.find_element(By.CSS_SELECTOR, "#code .current").get_attribute("id")
+    # scrub to the end: the totals equal the tracer's
+    browser.execute_script("const s = document.getElementById('scrub'); s.value = s.max;"
+                           "s.dispatchEvent(new Event('input'));")
+    read, written = shown_counters(browser, tensors)
+    assert {n: {"read": read[n], "written": written[n]} for n in tensors} == {
+        n: t.counters().get(n, {"read": 0, "written": 0}) for n in tensors}
+    skips = [i for i, s in enumerate(t.steps) if s.kind == "skip"]
+    assert bool(skips) == (causal and algo in ("fa1", "fa2"))
+    if skips:  # at a skip step the page shows that tile as skipped
+        browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {skips[0] + 1};"
+                               "s.dispatchEvent(new Event('input'));")
+        step = t.steps[skips[0]]
+        tile = browser.find_element(By.ID, f"hbm-{step.tensor}-{step.tile[0]}-{step.tile[1]}")
+        assert "skip" in tile.get_attribute("class")
+    assert_no_js_errors(browser)
+
+
+def test_closed_form_counts_on_the_page(browser, tmp_path):
+    """FlashAttention-1 re-reads Q once per K/V tile; FlashAttention-2 reads it once — as the pages say."""
+    n, d, block, item = 8, 4, 2, 2
+    for algo, q_reads, o_writes in (("fa1", n // block, n // block), ("fa2", 1, 1)):
+        t = trace(algo, n, d, block, block)
+        open_page(browser, tmp_path, render(t), algo)
+        browser.execute_script("const s = document.getElementById('scrub'); s.value = s.max;"
+                               "s.dispatchEvent(new Event('input'));")
+        read, written = shown_counters(browser, ["Q", "O", "K"])
+        assert read["Q"] == q_reads * n * d * item and written["O"] == o_writes * n * d * item
+        assert read["K"] == (n * d * item if algo == "fa1" else (n // block) * n * d * item)
+
+
+def test_play_and_pause(browser, tmp_path):
+    import time
+
+    from selenium.webdriver.common.by import By
+    open_page(browser, tmp_path, render(trace("fa2")), "fa2-play")
+    browser.find_element(By.ID, "play").click()
+    time.sleep(1.0)
+    browser.find_element(By.ID, "pause").click()
+    position = browser.find_element(By.ID, "position").text
+    assert not position.startswith("0 /")
+    time.sleep(0.6)
+    assert browser.find_element(By.ID, "position").text == position
+    assert_no_js_errors(browser)
+
+
+def test_playground(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    open_page(browser, tmp_path, playground(), "playground")
+    browser.find_element(By.ID, "S-3-1").click()
+    assert "P[3][1]" in browser.find_element(By.ID, "explain").text
+    assert "picked" in browser.find_element(By.ID, "P-3-1").get_attribute("class")
+    assert "hl" in browser.find_element(By.ID, "O-3-0").get_attribute("class")
+    assert browser.find_element(By.ID, "P-0-5").text != "0.00"
+    browser.find_element(By.ID, "causal").click()
+    assert browser.find_element(By.ID, "S-0-5").text == "−∞"
+    assert browser.find_element(By.ID, "P-0-5").text == "0.00"
+    rows = browser.execute_script("return window.PLAYGROUND.P.map(r => r.reduce((a, b) => a + b, 0));")
+    assert all(abs(r - 1) < 1e-9 for r in rows)
+    future = browser.execute_script("return window.PLAYGROUND.P.flatMap((r, i) => r.filter((_, j) => j > i));")
+    assert all(p == 0 for p in future)
+    browser.find_element(By.ID, "S-0-5").click()
+    assert "in the future" in browser.find_element(By.ID, "explain").text
+    assert_no_js_errors(browser)
