@@ -37,11 +37,13 @@ def softmax_kernel(X, Y, n_rows, n_cols, stride_x, stride_y, METHOD: tl.constexp
         if METHOD == "online":
             _, _, m_i, l_i = online_softmax_step(m_i, l_i, x, LOG2E, True)
         elif METHOD == "safe":
-            l_i += tl.sum(tl.math.exp2(x * LOG2E - m_i[:, None]), 1)
+            l_i += tl.sum(tl.math.exp2(x * LOG2E - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None]), 1)
         else:
             l_i += tl.sum(tl.math.exp2(x * LOG2E), 1)
     if METHOD == "naive":
         m_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i = tl.where(m_i == float("-inf"), 0.0, m_i)  # rows past the end: keep them finite (never stored)
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
     for start_n in range(0, n_cols, BLOCK_N):  # the write
         x, _, mask = _tile(X, offs_m, start_n, n_rows, n_cols, stride_x, BLOCK_N)
         y = tl.math.exp2(x * LOG2E - m_i[:, None]) / l_i[:, None]
