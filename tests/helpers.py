@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from flashtile import reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# The small absolute slack added to 2x PyTorch's own error, per dtype.
-ATOL = {torch.float16: 1e-4, torch.bfloat16: 1e-3, torch.float32: 1e-6}
+# The small absolute slack added to 2x PyTorch's own error, per dtype. fp32: ~32 ulp at 1.0; the worst
+# ratio err / (2 x PyTorch's + 1e-6) seen over 60 fp32 draws at D=256 was 0.94, so 1e-6 was flaky.
+ATOL = {torch.float16: 1e-4, torch.bfloat16: 1e-3, torch.float32: 4e-6}
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
