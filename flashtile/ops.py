@@ -72,7 +72,8 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     if seqlen_k == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
-    _ensure_allocator(q.device)
+    if packed:
+        _ensure_allocator(q.device)
     if config is None:
         config = configs.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
@@ -97,7 +98,8 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
         dk.zero_()
         dv.zero_()
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
-    _ensure_allocator(q.device)
+    if cu_seqlens_q is not None:
+        _ensure_allocator(q.device)
     if config is None:
         config = configs.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
@@ -198,7 +200,6 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     num_splits = cdiv(capacity, chunk)
     out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    _ensure_allocator(q.device)
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
                   softmax_scale, window_size, config)
     return combine(out_part, lse_part, q.dtype)
