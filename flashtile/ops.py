@@ -4,6 +4,7 @@ They take checked inputs (``api`` checks them), prepare tensors for the tensor d
 tile config and launch. Being custom ops with fake implementations, they trace under torch.compile
 as single nodes, without graph breaks.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -37,6 +38,7 @@ def _ensure_allocator(device):
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
+@functools.lru_cache(maxsize=None)
 def _arch(device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
@@ -170,6 +172,7 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
     return _fwd_impl(*args)
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device):
     if device.type != "cuda":
         return 4
