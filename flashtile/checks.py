@@ -188,23 +188,33 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
         capacity = k_cache.shape[1]
     if isinstance(cache_seqlens, torch.Tensor):
         int32_vector("cache_seqlens", cache_seqlens, batch, q.device)
-    elif cache_seqlens is not None and (isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral)):
+    elif cache_seqlens is not None and (isinstance(cache_seqlens, bool)
+                                        or not isinstance(cache_seqlens, numbers.Integral)):
         raise TypeError(f"cache_seqlens must be an int or an int32 tensor, got {type(cache_seqlens).__name__}")
     if not _host_checks_allowed(q):
         return block_table is not None, capacity
-    lengths = ([int(cache_seqlens)] * batch if not isinstance(cache_seqlens, torch.Tensor)
-               else cache_seqlens.tolist()) if cache_seqlens is not None else [capacity - seqlen_new] * batch
+    # every value check in one device-to-host copy: the lengths, then a flag per index table
+    if isinstance(cache_seqlens, torch.Tensor):
+        lengths = cache_seqlens.long()
+    else:
+        fill = capacity - seqlen_new if cache_seqlens is None else int(cache_seqlens)
+        lengths = torch.full((batch,), fill, dtype=torch.long, device=q.device)
+    flags = []
+    if block_table is not None:
+        needed = (lengths + seqlen_new + k_cache.shape[1] - 1) // k_cache.shape[1]  # pages each sequence uses
+        used = torch.arange(block_table.shape[1], device=q.device)[None, :] < needed[:, None]
+        flags.append((((block_table < 0) | (block_table >= k_cache.shape[0])) & used).any())
+    if cache_batch_idx is not None:
+        flags.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any())
+    values = torch.cat([lengths, torch.stack(flags).long()]).tolist() if flags else lengths.tolist()
+    lengths, flags = values[:batch], values[batch:]
     if min(lengths) < 0 or max(lengths) + seqlen_new > capacity:
         raise ValueError(f"cache_seqlens {lengths} plus {seqlen_new} new tokens must lie within the cache's "
                          f"{capacity} slots")
-    if block_table is not None:
-        used = -(-(max(lengths) + seqlen_new) // k_cache.shape[1])
-        pages = block_table[:, :used]
-        if pages.numel() and (pages.min().item() < 0 or pages.max().item() >= k_cache.shape[0]):
-            raise ValueError(f"block_table holds page indices outside [0, {k_cache.shape[0]})")
-    if cache_batch_idx is not None and cache_batch_idx.numel():
-        if cache_batch_idx.min().item() < 0 or cache_batch_idx.max().item() >= k_cache.shape[0]:
-            raise ValueError(f"cache_batch_idx holds indices outside [0, {k_cache.shape[0]})")
+    if block_table is not None and flags.pop(0):
+        raise ValueError(f"block_table holds page indices outside [0, {k_cache.shape[0]})")
+    if cache_batch_idx is not None and flags.pop(0):
+        raise ValueError(f"cache_batch_idx holds indices outside [0, {k_cache.shape[0]})")
     return block_table is not None, capacity
 
 

@@ -15,17 +15,11 @@ from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
 from .kernels.decode import launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
-from .kernels.tiles import cdiv, head_dim_pad
-
-_TMA_ALIGN = 16  # bytes: base address and every stride but the last of a TMA descriptor
-
+from .kernels.tiles import cdiv, head_dim_pad, tma_addressable
 
 def _tma_ready(t):
     """``t`` itself when a tensor descriptor can address it, else a fresh contiguous copy."""
-    size = t.element_size()
-    aligned = t.stride(-1) == 1 and all((s * size) % _TMA_ALIGN == 0 and (s > 0 or n == 1)
-                                        for s, n in zip(t.stride()[:-1], t.shape[:-1]))
-    if aligned and t.data_ptr() % _TMA_ALIGN == 0:
+    if tma_addressable(t):
         return t
     return t.contiguous() if not t.is_contiguous() else t.clone()
 

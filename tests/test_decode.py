@@ -4,6 +4,7 @@ import torch
 
 import flashtile
 from flashtile import reference
+from flashtile.kernels.tiles import tma_addressable
 from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention
 
 
@@ -79,7 +80,8 @@ def test_append_new_tokens_causal(paged_cache, num_splits):
         v_after = v_pages[table.long()].reshape(batch, capacity, nheads_k, head_dim)
         untouched = torch.ones(k_pages.shape[0], dtype=torch.bool, device=DEVICE)
         untouched[table.flatten().long()] = False
-        assert torch.equal(k_pages[untouched], k_before[untouched]) and torch.equal(v_pages[untouched], v_before[untouched])
+        assert torch.equal(k_pages[untouched], k_before[untouched])
+        assert torch.equal(v_pages[untouched], v_before[untouched])
     else:
         out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, causal=True,
                                                 num_splits=num_splits)
@@ -172,3 +174,40 @@ def test_bad_input(case):
     fn, error, message = BAD[case]
     with pytest.raises(error, match=message):
         fn(randn(2, 1, 4, 64, dtype=torch.float16), *_kv())
+
+
+def test_block_table_padding_past_the_used_pages_is_accepted():
+    """Only the pages a sequence uses are range-checked: -1 padding after them is fine."""
+    q = randn(2, 1, 4, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(2, 64, 2, 64, dtype=torch.float16) for _ in range(2))
+    k_pages, table = paged(k_cache, 16)
+    v_pages = torch.empty_like(k_pages)
+    v_pages[table.flatten().long()] = v_cache.reshape(-1, 16, 2, 64)
+    table[:, 2:] = -1  # 20 keys use pages 0 and 1 only
+    out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=20, block_table=table)
+    ref, _, base = expected(q, k_cache, v_cache, [20, 20])
+    assert_attention_close(out, ref, base)
+    table[1, 1] = -1
+    with pytest.raises(ValueError, match="block_table holds page indices"):
+        flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=20, block_table=table)
+
+
+def test_expanded_cache():
+    """A zero-stride (expanded) cache gives the right answer (it is routed to pointer loads: see below)."""
+    q = randn(3, 1, 4, 64, dtype=torch.float16)
+    k_one, v_one = (randn(1, 50, 2, 64, dtype=torch.float16) for _ in range(2))
+    k_cache, v_cache = k_one.expand(3, -1, -1, -1), v_one.expand(3, -1, -1, -1)
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=50)
+    ref, _, base = expected(q, k_cache.contiguous(), v_cache.contiguous(), [50, 50, 50])
+    assert_attention_close(out, ref, base)
+
+
+def test_tma_addressable():
+    """What may become a TMA descriptor: the interpreter accepts more than a GPU does, so this is checked here."""
+    base = randn(2, 64, 4, 64, dtype=torch.float16)
+    assert tma_addressable(base) and tma_addressable(base.transpose(1, 2).contiguous().transpose(1, 2))
+    assert not tma_addressable(base[:1].expand(3, -1, -1, -1))  # zero stride on a dim of 3
+    assert tma_addressable(base[:1].expand(1, -1, -1, -1))  # a dim of 1 may have any stride
+    assert not tma_addressable(base[..., 1:33])  # base address 2 bytes past alignment
+    assert not tma_addressable(randn(2, 64, 4, 36, dtype=torch.float16))  # 72-byte rows
+    assert not tma_addressable(base.transpose(-1, -2))  # last dim not contiguous

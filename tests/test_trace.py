@@ -17,7 +17,8 @@ def ref_attention(t, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("algo", ["naive", "fa1", "fa2"])
-@pytest.mark.parametrize("sizes", [(8, 4, 2, 2), (7, 3, 2, 3), (9, 5, 4, 2)], ids=lambda s: "n{}-d{}-bm{}-bn{}".format(*s))
+@pytest.mark.parametrize("sizes", [(8, 4, 2, 2), (7, 3, 2, 3), (9, 5, 4, 2)],
+                         ids=lambda s: "n{}-d{}-bm{}-bn{}".format(*s))
 def test_results_equal_reference(algo, sizes, causal):
     n, d, bm, bn = sizes
     t = trace(algo, n, d, bm, bn, causal)

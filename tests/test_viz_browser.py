@@ -68,7 +68,8 @@ def test_page_steps_and_counts(browser, tmp_path, algo, causal):
             assert read[name] == sum(s.bytes for s in t.steps[:n] if s.kind == "load" and s.tensor == name)
             assert written[name] == sum(s.bytes for s in t.steps[:n] if s.kind == "store" and s.tensor == name)
         assert browser.find_element(By.ID, "position").text == f"{n} / {len(t.steps)}"
-        assert f"code-line-{t.steps[n - 1].line}" == browser.find_element(By.CSS_SELECTOR, "#code .current").get_attribute("id")
+        current_line = browser.find_element(By.CSS_SELECTOR, "#code .current").get_attribute("id")
+        assert current_line == f"code-line-{t.steps[n - 1].line}"
     # scrub to the end: the totals equal the tracer's
     browser.execute_script("const s = document.getElementById('scrub'); s.value = s.max;"
                            "s.dispatchEvent(new Event('input'));")

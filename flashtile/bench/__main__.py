@@ -117,8 +117,8 @@ def memory_sweep(seqlens, peers=("flashtile", "naive"), nheads=16, head_dim=128,
                 del q, k, v
             except Exception as err:
                 ms, peak, error = None, None, "OOM" if is_oom(err) else type(err).__name__
-            rows.append(dict(seqlen=n, peer=peer, backward=backward, ms=ms, peak_gib=peak / 2**30 if peak is not None and not error
-                             else None, error=error))
+            peak_gib = peak / 2**30 if peak is not None and not error else None
+            rows.append(dict(seqlen=n, peer=peer, backward=backward, ms=ms, peak_gib=peak_gib, error=error))
     return rows
 
 
@@ -198,7 +198,8 @@ def main(argv=None):
               f"bf16 forward TFLOP/s (median of do_bench, best of {args.rounds} turns), {time.strftime('%Y-%m-%d')}")
     report = f"{header}\n\nForward:\n\n{table(rows, args.peers)}\n"
     if args.backward:
-        report += f"\nBackward ((fwd+bwd) - fwd, 2.5x forward FLOPs):\n\n{table(rows, args.peers, 'bwd_tflops', 'bwd_error')}\n"
+        bwd_table = table(rows, args.peers, "bwd_tflops", "bwd_error")
+        report += f"\nBackward ((fwd+bwd) - fwd, 2.5x forward FLOPs):\n\n{bwd_table}\n"
     for backward in (False, True):
         part = [r for r in mem if r["backward"] == backward]
         if part:

@@ -38,7 +38,7 @@ def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stri
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h, lo, hi, offs_n,
-                seqlen_q, diag, left, right, qk_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr,
+                seqlen_q, diag, left, right, qk_scale, softmax_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr,
                 MASK_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                 HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
@@ -60,7 +60,7 @@ def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, strid
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # [BLOCK_N, HEAD_DIM]
         if ATOMIC_DQ:
-            dq = tl.dot(ds_t.T.to(k.dtype), k, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
+            dq = tl.dot(ds_t.T.to(k.dtype), k, input_precision=DOT_PRECISION) * softmax_scale  # [BLOCK_M, HEAD_DIM]
             dq_mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
             tl.atomic_add(dq_ptr + offs_m.to(tl.int64)[:, None] * stride_dqn + offs_d[None, :], dq, mask=dq_mask,
                           sem="relaxed")
@@ -118,15 +118,17 @@ def flash_bwd_dkdv_kernel(
             delta_ptr = Delta + row_offset
             dq_ptr = dQacc + b.to(tl.int64) * stride_dqb + q_start * stride_dqn + h.to(tl.int64) * stride_dqh
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
-                                 lo, full_lo, offs_n, seqlen_q, diag, right, left, qk_scale, True, MASK_RIGHT,
-                                 MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ, DOT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
-                                 full_lo, full_hi, offs_n, seqlen_q, diag, right, left, qk_scale, False,
+                                 lo, full_lo, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, True,
                                  MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ,
                                  DOT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
-                                 full_hi, hi, offs_n, seqlen_q, diag, right, left, qk_scale, True, MASK_RIGHT,
-                                 MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ, DOT_PRECISION)
+                                 full_lo, full_hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, False,
+                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ,
+                                 DOT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
+                                 full_hi, hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, True,
+                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ,
+                                 DOT_PRECISION)
         store_tile(dk_desc, b, start_n, h_k, (dk * softmax_scale).to(k.dtype), IS_VARLEN)
         store_tile(dv_desc, b, start_n, h_k, dv.to(v.dtype), IS_VARLEN)
 
@@ -242,7 +244,7 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if not deterministic:
-        dq.copy_(dq_acc.mul_(softmax_scale))
+        dq.copy_(dq_acc)
         return
     cfg = config.dq
     if is_varlen:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .online_softmax import online_softmax_step
-from .tiles import band_mask, cdiv, host_descriptors, next_pow2
+from .tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -69,7 +69,8 @@ def flash_decode_split_kernel(
             slot = keys.to(tl.int64)
         kv_ok = (keys < end)[:, None] & d_ok[None, :]
         if USE_TMA:  # K, V: host-built 4-D descriptors over the contiguous cache, pipelined by the compiler
-            k = K.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM]
+            k = K.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0])
+            k = k.reshape(BLOCK_N, HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM]
         else:
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
                         mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
@@ -78,7 +79,8 @@ def flash_decode_split_kernel(
         qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
         if USE_TMA:  # rows past this split's end are real (maybe never written) cache memory: zero them
-            v = tl.where(kv_ok, V.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD), 0.0)
+            v = V.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+            v = tl.where(kv_ok, v, 0.0)
         else:
             v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vt + h_k * stride_vh + offs_d[None, :],
                         mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
@@ -133,11 +135,6 @@ def launch_combine(out_partials, lse_partials, out, lse):
         BLOCK_S=max(2, next_pow2(num_splits)), num_warps=1)
 
 
-def _tma_addressable(t):
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1]))
-
-
 def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
                   softmax_scale, window_size, config):
     """Fill the partials: one program per (split, batch, KV head, tile of query rows)."""
@@ -150,7 +147,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     page_size = k_cache.shape[1] if paged else 0
     block_m = min(128, max(16, next_pow2(group * seqlen_q)))
     pad = max(16, next_pow2(head_dim))
-    use_tma = not paged and _tma_addressable(k_cache) and _tma_addressable(v_cache)
+    use_tma = not paged and tma_addressable(k_cache) and tma_addressable(v_cache)
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad) if use_tma else (
         k_cache, v_cache)
     flash_decode_split_kernel[(num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))](

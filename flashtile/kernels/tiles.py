@@ -90,6 +90,14 @@ def band_tiles(start, seqlen_other, diag, left, right, BLOCK_OWN: tl.constexpr, 
     return lo, full_lo, full_hi, hi
 
 
+def tma_addressable(t):
+    """Can a TMA descriptor address ``t``: 16-byte aligned base and strides, unit last stride, and no
+    zero stride on a dim longer than 1 (expanded tensors)."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s * size % 16 == 0 and (s > 0 or n == 1) for s, n in zip(t.stride()[:-1], t.shape[:-1])))
+
+
 def host_descriptors(tensors_and_blocks, head_dim_pad):
     """4-D (batch, seqlen, nheads, headdim) TMA descriptors, one tile of ``block`` rows of one head each.
     The tensors come through ops._tma_ready, so the constructor's validation (a third of the host time
