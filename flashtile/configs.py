@@ -13,8 +13,15 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class BwdConfig:
-    dkdv: TileConfig  # owns a K/V tile of block_n rows, iterates Q tiles of block_m
-    dq: TileConfig  # owns a Q tile of block_m rows, iterates K/V tiles of block_n
+    """One backward launch: K/V-tile programs (block_n1 keys, iterating Q tiles of block_m1 rows) and, when
+    dQ is not summed by atomics, Q-tile programs (block_m2 rows, iterating K/V tiles of block_n2 keys)."""
+    block_m1: int
+    block_n1: int
+    block_m2: int
+    block_n2: int
+    num_warps: int
+    num_stages: int
+    dq_atomic: str = "tma"  # "tma" bulk reduce-add per tile, "pointer" atomics, "none" Q-tile programs
 
 
 # sm90 (H200), bf16/fp16. Chosen by `python -m flashtile.bench.tune` on 2026-11-29 (docs/results/tune-v2.md):
@@ -61,21 +68,24 @@ def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
 
 
 # Backward, sm90, bf16/fp16, keyed (padded head dim, causal). Chosen by
-# `python -m flashtile.bench.tune --backward --seqlens 4096 16384` on 2026-11-29
-# (docs/results/tune-bwd-v1.md), best mean TFLOP/s; D=32 and D=256 were not swept.
+# `python -m flashtile.bench.tune --backward --seqlens 4096 16384` on 2026-11-29, best mean TFLOP/s
+# (docs/results/tune-bwd-v2.md .. v5.md). D=64: dQ by the copy engine's bulk reduce-add beat per-element
+# atomics by 20 % (380 vs 315) and Q-tile programs (357-371). D=128: Q-tile programs in the same launch beat
+# both atomic forms (non-causal 442 vs 329 pointer, 310 bulk; causal 357), with 32-row Q tiles under the
+# K/V-tile programs when nothing is masked. D=32 and D=256 were not swept.
 BWD_SM90 = {
-    (32, False): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    (32, True): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    (64, False): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    (64, True): BwdConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    (128, False): BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)),
-    (128, True): BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(128, 64, 8, 2)),
-    (256, False): BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
-    (256, True): BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
+    (32, False): BwdConfig(64, 64, 64, 64, 4, 3),
+    (32, True): BwdConfig(64, 64, 64, 64, 4, 3),
+    (64, False): BwdConfig(64, 64, 64, 64, 4, 3),
+    (64, True): BwdConfig(64, 64, 64, 64, 4, 3),
+    (128, False): BwdConfig(32, 64, 64, 64, 4, 3, "none"),
+    (128, True): BwdConfig(64, 64, 64, 64, 4, 3, "none"),
+    (256, False): BwdConfig(32, 64, 64, 32, 4, 2),
+    (256, True): BwdConfig(32, 64, 64, 32, 4, 2),
 }
-BWD_GENERIC = {d: BwdConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)) for d in (32, 64, 128, 256)}
-BWD_FP32 = {d: BwdConfig(TileConfig(32, 32, 4, 1), TileConfig(32, 32, 4, 1)) for d in (32, 64, 128, 256)}
-BWD_INTERPRETER = BwdConfig(TileConfig(64, 64, 4, 1), TileConfig(64, 64, 4, 1))
+BWD_GENERIC = {d: BwdConfig(32, 64, 64, 32, 4, 2, "pointer") for d in (32, 64, 128, 256)}
+BWD_FP32 = {d: BwdConfig(32, 32, 32, 32, 4, 1, "pointer") for d in (32, 64, 128, 256)}
+BWD_INTERPRETER = BwdConfig(64, 64, 64, 64, 4, 1, "pointer")
 
 
 def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):

@@ -12,7 +12,7 @@ from triton.compiler import ASTSource
 
 from flashtile import configs
 from flashtile.kernels.decode import flash_decode_split_kernel
-from flashtile.kernels.bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from flashtile.kernels.bwd import flash_bwd_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
 
@@ -27,7 +27,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
         if name in consts:
             sig[name] = "constexpr"
         elif name in tensors:
-            sig[name] = f"*{dtype}" if varlen else f"tensordesc<{dtype}[1, {tensors[name]}, 1, {pad}]>"
+            kind = "fp32" if name == "dQacc" else dtype
+            sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {tensors[name]}, 1, {pad}]>"
         elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part"):
             sig[name] = "*fp32"
         elif name in ("Q", "K", "V"):  # decode's pointers (its K, V descriptors are listed in tensors)
@@ -42,9 +43,11 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
                               options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     ptx = compiled.asm["ptx"]
     return dict(kernel=kernel.__name__, head_dim=consts["HEAD_DIM"], config=list(cfg.__dict__.values()),
-                varlen=varlen, causal=consts["MASK_RIGHT"], shared=compiled.metadata.shared,
+                varlen=varlen, causal=consts["MASK_RIGHT"], dq=consts.get("DQ_ATOMIC"),
+                shared=compiled.metadata.shared,
                 wgmma=ptx.count("wgmma.mma_async"), tma_loads=ptx.count("cp.async.bulk.tensor"),
-                local=ptx.count("ld.local") + ptx.count("st.local"))
+                local=ptx.count("ld.local") + ptx.count("st.local"),
+                tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"))
 
 
 def consts_for(head_dim, cfg, varlen, causal, **extra):
@@ -59,18 +62,17 @@ def main():
         for varlen in (False, True):
             tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
             rows.append(compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen))
-    for (pad, causal), bwd in configs.BWD_SM90.items():
+    for (pad, causal), cfg in configs.BWD_SM90.items():
+        tensors = dict(Q1=cfg.block_m1, dO1=cfg.block_m1, K1=cfg.block_n1, V1=cfg.block_n1, dK=cfg.block_n1,
+                       dV=cfg.block_n1, Q2=cfg.block_m2, dO2=cfg.block_m2, K2=cfg.block_n2, V2=cfg.block_n2,
+                       dQ=cfg.block_m2)
         for varlen in (False, True):
-            cfg = bwd.dkdv
-            tensors = dict(Q=cfg.block_m, dO=cfg.block_m, K=cfg.block_n, V=cfg.block_n, dK=cfg.block_n,
-                           dV=cfg.block_n)
-            for atomic in (False, True):
-                rows.append(compile_kernel(flash_bwd_dkdv_kernel, tensors,
-                                           consts_for(pad, cfg, varlen, causal, ATOMIC_DQ=atomic), cfg, varlen))
-            cfg = bwd.dq
-            tensors = dict(Q=cfg.block_m, dO=cfg.block_m, dQ=cfg.block_m, K=cfg.block_n, V=cfg.block_n)
-            rows.append(compile_kernel(flash_bwd_dq_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg,
-                                       varlen))
+            for atomic in dict.fromkeys(("none", cfg.dq_atomic)):
+                with_acc = dict(tensors, dQacc=cfg.block_m1) if atomic == "tma" else tensors
+                consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
+                              BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
+                              MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32")
+                rows.append(compile_kernel(flash_bwd_kernel, with_acc, consts, cfg, varlen))
     for pad, cfg in configs.DECODE_SM90.items():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,

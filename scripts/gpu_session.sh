@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
-# Usage: bash scripts/gpu_session.sh [tests] [tune] [tune-bwd] [bench] [bench-quick]
+# Usage: bash scripts/gpu_session.sh [tests] [tune] [tune-bwd] [lessons] [bench] [bench-quick]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -8,10 +8,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 for step in "$@"; do
   case $step in
-    tests) python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -30 | tee "$out/tests.log" ;;
+    tests) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 | tee "$out/tests.log" ;;
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
     tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \
                 | tee "$out/tune-bwd.log" ;;
+    lessons) python3 -m flashtile.bench.lessons 2>&1 | tee "$out/lessons.log" ;;
     bench) python3 -m flashtile.bench --backward --out "$out/bench" 2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;

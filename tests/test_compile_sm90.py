@@ -16,11 +16,13 @@ def test_forward_compiles_for_sm90():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(result.stdout)
-    assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_dkdv_kernel", "flash_bwd_dq_kernel",
-                                           "flash_decode_split_kernel"}
-    assert len(rows) == 16 + 8 * 2 * 3 + 4 * 2
+    from flashtile import configs
+    assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel", "flash_decode_split_kernel"}
+    bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
+    assert len(rows) == 2 * len(configs.FWD_SM90) + 2 * bwd_variants + 2 * len(configs.DECODE_SM90)
     for row in rows:
         if row["kernel"] != "flash_decode_split_kernel":  # decode: 16-row dots and gathered pages
             assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
+        assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
         assert row["local"] == 0, f"spills to local memory: {row}"
         assert row["shared"] <= SM90_SHARED_LIMIT, row

@@ -13,15 +13,18 @@ FWD_CANDIDATES = [TileConfig(*c) for c in [
     (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
     (128, 128, 4, 2), (128, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3)]]
 
-# (dkdv: Q tile iterated, K/V tile owned), (dq: Q tile owned, K/V tile iterated)
-BWD_CANDIDATES = [BwdConfig(TileConfig(*a), TileConfig(*b)) for a, b in [
-    ((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 128, 8, 3), (128, 64, 8, 3)), ((32, 128, 4, 3), (128, 32, 4, 3)),
-    ((64, 64, 4, 3), (64, 64, 4, 3)), ((32, 64, 4, 3), (64, 32, 4, 3)), ((64, 128, 4, 2), (128, 64, 4, 2))]]
+# (K/V-tile programs: Q tile iterated, K/V tile owned; Q-tile programs: Q tile owned, K/V tile iterated;
+# warps, stages; how dQ is summed: "none" = Q-tile programs in the same launch, no atomics).
+BWD_CANDIDATES = [BwdConfig(*c) for c in [
+    (64, 64, 64, 64, 4, 3, "tma"), (64, 64, 64, 64, 4, 3, "none"), (32, 64, 64, 32, 4, 3, "tma"),
+    (32, 64, 64, 32, 4, 3, "none"), (32, 64, 64, 64, 4, 3, "none"), (32, 64, 64, 32, 4, 4, "none"),
+    (32, 64, 64, 32, 4, 2, "none"), (64, 128, 128, 64, 8, 3, "none"), (32, 128, 128, 64, 8, 3, "none")]]
 
 
 def _label(cfg):
     if isinstance(cfg, BwdConfig):
-        return f"{_label(cfg.dkdv)} / {_label(cfg.dq)}"
+        return (f"{cfg.block_m1},{cfg.block_n1} / {cfg.block_m2},{cfg.block_n2}, {cfg.num_warps},{cfg.num_stages} "
+                f"{cfg.dq_atomic}")
     return f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
 
 
@@ -29,7 +32,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.tune")
     parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--backward", action="store_true", help="sweep the backward (atomic dQ path)")
+    parser.add_argument("--backward", action="store_true", help="sweep the backward")
     args = parser.parse_args(argv)
     candidates = BWD_CANDIDATES if args.backward else FWD_CANDIDATES
     results = {}
@@ -43,8 +46,9 @@ def main(argv=None):
         try:
             if args.backward:
                 out, lse = ops.attention_forward(q, k, v, scale, window, True)
-                ms = bench_ms(lambda: ops.attention_backward(dout, q, k, v, out, lse, scale, window, True, False,
-                                                             config=cfg), 10, 40)
+                deterministic = cfg.dq_atomic == "none"
+                ms = bench_ms(lambda: ops.attention_backward(dout, q, k, v, out, lse, scale, window, True,
+                                                             deterministic, config=cfg), 10, 40)
                 flops *= 2.5
             else:
                 ms = bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40)
@@ -52,7 +56,7 @@ def main(argv=None):
         except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
             results[(d, causal, n, cfg)] = None
             print(f"skip {_label(cfg)} d{d}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
-    print(f"| D | causal | {'dkdv / dq' if args.backward else 'BM,BN,warps,stages'} | "
+    print(f"| D | causal | {'K/V tile / Q tile, warps,stages dQ' if args.backward else 'BM,BN,warps,stages'} | "
           + " | ".join(f"N={n}" for n in args.seqlens) + " | mean |")
     print("|---" * (len(args.seqlens) + 4) + "|")
     for d, causal in itertools.product(args.head_dims, [False, True]):

@@ -1,19 +1,21 @@
 """FlashAttention-2 backward, portable Triton.
 
 1. ``bwd_preprocess_kernel``: delta_i = rowsum(dO ∘ O), one float per query row.
-2. ``flash_bwd_dkdv_kernel``: a program owns a K/V tile of one KV head and loops over the query heads of
-   its group and the Q tiles that see it, recomputing P from Q, K and the saved LSE (S and P never
-   reach memory): dV += Pᵀ dO, dS = P ∘ (dO Vᵀ − delta), dK += dSᵀ Q. With ``ATOMIC_DQ`` it also adds
-   dS K into a float32 dQ with atomics (fast, not bitwise reproducible).
-3. ``flash_bwd_dq_kernel``: the deterministic dQ: a program owns a Q tile and loops over K/V tiles,
-   dQ += dS K, with no atomics.
+2. ``flash_bwd_kernel``, one launch with two kinds of program:
+   - a K/V-tile program owns a K/V tile of one KV head and loops over the query heads of its group and the
+     Q tiles that see it, recomputing P from Q, K and the saved LSE (S and P never reach memory):
+     dV += Pᵀ dO, dS = P ∘ (dO Vᵀ − delta), dK += dSᵀ Q. With ``DQ_ATOMIC`` "tma" or "pointer" it also adds
+     dS K into a float32 dQ (not bitwise reproducible): "tma" hands each tile to the copy engine as one bulk
+     reduce-add, "pointer" issues one atomic per element (the interpreter has no bulk reduce);
+   - with ``DQ_ATOMIC`` "none", Q-tile programs follow in the same grid: each owns a Q tile and loops over
+     the K/V tiles it sees, dQ += dS K, with no atomics (deterministic).
 """
 import torch
 import triton
 import triton.language as tl
 
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
-                    q_tile_program, sequence_bounds, sequence_desc, store_tile)
+                    q_tile_program, reduce_tile, sequence_bounds, sequence_desc, store_tile)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -37,10 +39,10 @@ def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stri
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h, lo, hi, offs_n,
+def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h, lo, hi, offs_n,
                 seqlen_q, diag, left, right, qk_scale, softmax_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr,
                 MASK_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
     """Rows own keys, columns are queries: the band is seen from the key side (diag, left, right swapped)."""
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -59,28 +61,26 @@ def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, strid
         dp_t = tl.dot(v, do.T, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # [BLOCK_N, HEAD_DIM]
-        if ATOMIC_DQ:
+        if DQ_ATOMIC != "none":
             dq = tl.dot(ds_t.T.to(k.dtype), k, input_precision=DOT_PRECISION) * softmax_scale  # [BLOCK_M, HEAD_DIM]
-            dq_mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
-            tl.atomic_add(dq_ptr + offs_m.to(tl.int64)[:, None] * stride_dqn + offs_d[None, :], dq, mask=dq_mask,
-                          sem="relaxed")
+            if DQ_ATOMIC == "tma":
+                reduce_tile(dq_acc, b, start_m, h, dq, IS_VARLEN)
+            else:
+                dq_mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+                tl.atomic_add(dq_acc + offs_m.to(tl.int64)[:, None] * stride_dqn + offs_d[None, :], dq, mask=dq_mask,
+                              sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def flash_bwd_dkdv_kernel(
-    Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
-    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
-    stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_lb, stride_lh, stride_dqb, stride_dqn, stride_dqh,
-    seqlen_q, seqlen_k, nheads_k, group, qk_scale, softmax_scale, left, right,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // nheads_k
-    h_k = pid_bh % nheads_k
+def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
+                  stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
+                  stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_lb, stride_lh, stride_dqb, stride_dqn,
+                  stride_dqh, seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
+                  MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one K/V tile of KV head h_k, summed over the query heads of its group."""
     q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
     start_n = pid_n * BLOCK_N
@@ -116,18 +116,22 @@ def flash_bwd_dkdv_kernel(
             row_offset = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
             lse_ptr = LSE + row_offset
             delta_ptr = Delta + row_offset
-            dq_ptr = dQacc + b.to(tl.int64) * stride_dqb + q_start * stride_dqn + h.to(tl.int64) * stride_dqh
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
+            if DQ_ATOMIC == "tma":
+                dq_acc = sequence_desc(dQacc, q_start, stride_dqn, h * stride_dqh, seqlen_q, HEAD_DIM, BLOCK_M,
+                                       HEAD_DIM_PAD) if IS_VARLEN else dQacc
+            else:
+                dq_acc = dQacc + b.to(tl.int64) * stride_dqb + q_start * stride_dqn + h.to(tl.int64) * stride_dqh
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
                                  lo, full_lo, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, True,
-                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ,
+                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC,
                                  DOT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
                                  full_lo, full_hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, False,
-                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ,
+                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC,
                                  DOT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, stride_dqn, b, h,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
                                  full_hi, hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, True,
-                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, ATOMIC_DQ,
+                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC,
                                  DOT_PRECISION)
         store_tile(dk_desc, b, start_n, h_k, (dk * softmax_scale).to(k.dtype), IS_VARLEN)
         store_tile(dv_desc, b, start_n, h_k, dv.to(v.dtype), IS_VARLEN)
@@ -154,17 +158,16 @@ def _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, lo, hi, offs_m, seq
 
 
 @triton.jit
-def flash_bwd_dq_kernel(
-    Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k,
-    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
-    stride_dqn, stride_dqh, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, nheads, group, qk_scale, softmax_scale, left, right,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    start_m, b, h, h_k, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(
-        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group, BLOCK_M, IS_VARLEN)
+def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k,
+                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
+                stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, qk_scale, softmax_scale, left, right,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
+                MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ of one Q tile of head h, with no atomics."""
+    q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
+    start_m = pid_m * BLOCK_M
     if start_m < seqlen_q:
         if IS_VARLEN:
             q_desc = sequence_desc(Q, q_start, stride_qn, h * stride_qh, seqlen_q, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD)
@@ -201,6 +204,41 @@ def flash_bwd_dq_kernel(
         store_tile(dq_desc, b, start_m, h, (dq * softmax_scale).to(q.dtype), IS_VARLEN)
 
 
+@triton.jit
+def flash_bwd_kernel(
+    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
+    stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh, stride_lb, stride_lh,
+    stride_dqab, stride_dqan, stride_dqah, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale,
+    softmax_scale, left, right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Grid (kv_tiles [+ group · q_tiles], batch · nheads_k). The first kv_tiles programs own a K/V tile
+    (Q1, K1, V1, dO1 in its tile shapes), heaviest first; with DQ_ATOMIC == "none" the rest own a Q tile of
+    one head of the group (Q2, K2, V2, dO2), heaviest first, so both halves of the backward share one launch.
+    Neighbouring programs share a head, so its Q, dO (and K, V) tiles are read from L2 by several programs."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1) // nheads_k
+    h_k = tl.program_id(1) % nheads_k
+    if pid < kv_tiles:
+        _dkdv_program(pid, b, h_k, Q1, K1, V1, dO1, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
+                      stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
+                      stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_lb, stride_lh, stride_dqab, stride_dqan,
+                      stride_dqah, seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, HEAD_DIM,
+                      HEAD_DIM_PAD, BLOCK_M1, BLOCK_N1, IS_VARLEN, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DQ_ATOMIC,
+                      DOT_PRECISION)
+    elif DQ_ATOMIC == "none":
+        off = pid - kv_tiles
+        h = h_k * group + off // q_tiles
+        _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, dQ, LSE, Delta, cu_seqlens_q,
+                    cu_seqlens_k, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don,
+                    stride_doh, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, qk_scale,
+                    softmax_scale, left, right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, IS_VARLEN,
+                    BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DOT_PRECISION)
+
+
 def _strides(t):
     """(batch, token, head) strides; packed tensors have no batch stride."""
     return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))
@@ -223,38 +261,30 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
         out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=64, IS_VARLEN=is_varlen)
-    dq_acc = None if deterministic else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right,
-                  MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
-                  DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32")
-    scalars = (softmax_scale * 1.4426950408889634, softmax_scale, max(left, 0), max(right, 0))
 
-    cfg = config.dkdv
+    c = config
+    dq_atomic = "none" if deterministic else c.dq_atomic
+    dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     if is_varlen:
-        args = (q, k, v, dout, dk, dv)
+        tensors = (q, k, v, dout, dk, dv, q, k, v, dout, dq, dq_acc if dq_acc is not None else dq)
     else:
-        args = host_descriptors(((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dout, cfg.block_m),
-                                 (dk, cfg.block_n), (dv, cfg.block_n)), pad)
-    strides = [s for t in (q, k, v, dout, dk, dv) for s in (t.stride(-3), t.stride(-2))]
-    dq_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
-    flash_bwd_dkdv_kernel[(cdiv(seqlen_k, cfg.block_n), batch * nheads_k)](
-        *args, lse, delta, dq_acc if dq_acc is not None else dq, cu_seqlens_q, cu_seqlens_k, *strides,
-        *lse_strides, *dq_strides, seqlen_q, seqlen_k, nheads_k, nheads // nheads_k, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=not deterministic, **common,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-    if not deterministic:
+        tensors = host_descriptors(((q, c.block_m1), (k, c.block_n1), (v, c.block_n1), (dout, c.block_m1),
+                                    (dk, c.block_n1), (dv, c.block_n1), (q, c.block_m2), (k, c.block_n2),
+                                    (v, c.block_n2), (dout, c.block_m2), (dq, c.block_m2)), pad)
+        tensors += host_descriptors(((dq_acc, c.block_m1),), pad) if dq_atomic == "tma" else (dq_acc,)
+    if dq_acc is None:  # the dQ programs write dq; the kernel still takes an accumulator argument
+        tensors = tensors[:11] + (dq,)
+    strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
+    dq_acc_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
+    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1), cdiv(seqlen_q, c.block_m2), nheads // nheads_k
+    programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
+    flash_bwd_kernel[(programs, batch * nheads_k)](
+        *tensors[:11], lse, delta, tensors[11], cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
+        *dq_acc_strides, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles,
+        softmax_scale * 1.4426950408889634, softmax_scale, max(left, 0), max(right, 0),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
+        BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
+        MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    if dq_acc is not None:
         dq.copy_(dq_acc)
-        return
-    cfg = config.dq
-    if is_varlen:
-        args = (q, k, v, dout, dq)
-    else:
-        args = host_descriptors(((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dout, cfg.block_m),
-                                 (dq, cfg.block_m)), pad)
-    strides = [s for t in (q, k, v, dout, dq) for s in (t.stride(-3), t.stride(-2))]
-    flash_bwd_dq_kernel[(cdiv(seqlen_q, cfg.block_m), batch * nheads)](
-        *args, lse, delta, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides, seqlen_q, seqlen_k, nheads,
-        nheads // nheads_k, *scalars, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-

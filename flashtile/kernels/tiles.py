@@ -28,6 +28,15 @@ def store_tile(desc, b, row, h, tile, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def reduce_tile(desc, b, row, h, tile, IS_VARLEN: tl.constexpr):
+    """Adds ``tile`` into memory as one bulk reduce by the copy engine; rows and columns out of bounds drop."""
+    if IS_VARLEN:
+        desc.atomic_add([row, 0], tile)
+    else:
+        desc.atomic_add([b, row, h, 0], tile.reshape(1, tile.shape[0], 1, tile.shape[1]))
+
+
+@triton.jit
 def sequence_desc(ptr, start, stride_n, head_offset, seqlen, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
                   HEAD_DIM_PAD: tl.constexpr):
     """A 2-D descriptor over one head of one packed sequence; its bounds mask the ragged tail."""
