@@ -1,5 +1,6 @@
 """Tile configurations: plain data, one entry per (arch, padded head dim, causal), each with the run
 that chose it. ``python -m flashtile.bench.tune`` re-runs the sweep; docs/perf.md keeps its output."""
+import os
 from dataclasses import dataclass
 
 
@@ -39,6 +40,32 @@ FWD_SM90 = {
     (256, False): TileConfig(128, 64, 8, 2),
     (256, True): TileConfig(128, 64, 8, 2),
 }
+
+@dataclass(frozen=True)
+class HopperFwdConfig:
+    """The warp-specialized sm90 forward (kernels/fwd_hopper.py)."""
+    block_m: int  # Q rows per program, half to each of the two consumer warpgroups
+    block_n: int  # K/V rows per tile
+    num_stages: int  # K/V tiles in the shared-memory ring
+    consumer_regs: int = 240  # registers per thread of a consumer warpgroup (setmaxnreg)
+    maxnreg: int = 168  # the kernel's cap at entry: 12 warps x 32 x 168 fit the 64K-register file
+    pingpong: bool = True  # the two consumer warpgroups take turns issuing their products
+
+
+# sm90, bf16/fp16. `python -m flashtile.bench.tune --hopper --seqlens 4096 16384` on 2026-11-29
+# (docs/results/tune-hopper-v2.md): 128 query rows (64 per consumer warpgroup), 128-key tiles, ping-pong and
+# three K/V stages: D=128 647 TFLOP/s mean non-causal (two stages 531-550, 64-key tiles 495). D=256 fits two
+# 64-key stages beside its 64 KB Q tile (not swept). D=64 is left to the portable kernel: in the same-run
+# benchmark (docs/results/bench-v4.md) this kernel was behind it at N <= 2048 and even at 16k (445 mean).
+FWD_HOPPER = {
+    128: HopperFwdConfig(128, 128, 3),
+    256: HopperFwdConfig(128, 64, 2),
+}
+
+# Which forward kernel sm90 uses: "auto" (the Hopper kernel where it applies, else the portable one) or
+# "portable" (tests and benchmarks compare the two).
+FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
+
 
 # Any other CUDA GPU: conservative tiles that fit 100 KB of shared memory.
 FWD_GENERIC = {

@@ -67,6 +67,13 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         return out, lse
     if seqlen_k == 0:
         return out.zero_(), lse.fill_(float("-inf"))
+    if config is None:
+        config = _hopper_config(q, k, v, window_size)
+    if isinstance(config, configs.HopperFwdConfig):
+        from .kernels.fwd_hopper import launch_fwd_hopper
+        launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                          _is_causal(window_size), bottom_right, config)
+        return out, lse
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
     if packed:
         _ensure_allocator(q.device)
@@ -78,6 +85,17 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     if o is not out:
         out.copy_(o)
     return out, lse
+
+
+def _hopper_config(q, k, v, window_size):
+    """The sm90 warp-specialized forward's config when it covers the call, else None."""
+    if configs.FWD_BACKEND == "portable" or _arch(q.device) != (9, 0) or interpreter_enabled():
+        return None
+    config = configs.FWD_HOPPER.get(q.shape[-1])
+    if config is None:
+        return None
+    from .kernels.fwd_hopper import supports
+    return config if supports(q, k, v, window_size) else None
 
 
 def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic,

@@ -4,7 +4,11 @@ tile config's shared memory and instruction mix. Used by tests/test_compile_sm90
     TRITON_INTERPRET=0 python scripts/compile_sm90.py
 """
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -17,6 +21,7 @@ from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
 
 FLOATS = {"qk_scale", "softmax_scale"}
+TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
@@ -39,7 +44,7 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
             sig[name] = "*i32"
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET,
                               options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     ptx = compiled.asm["ptx"]
     return dict(kernel=kernel.__name__, head_dim=consts["HEAD_DIM"], config=list(cfg.__dict__.values()),
@@ -80,7 +85,49 @@ def main():
             tensors = dict(K=cfg.block_n, V=cfg.block_n)
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)
+    for head_dim, cfg in configs.FWD_HOPPER.items():
+        for causal in (False, True):
+            rows.append(compile_hopper_fwd(head_dim, causal, cfg))
     json.dump(rows, sys.stdout, indent=None)
+
+
+def compile_hopper_fwd(head_dim, causal, cfg):
+    """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
+    whether it spilled or had to serialize the asynchronous wgmma."""
+    import torch
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from flashtile.kernels import fwd_hopper
+
+    q, k, v = (torch.empty(2, 1024, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    lse = torch.empty(2, 4, 1024)
+    grid, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
+                                                cfg)
+    kernel = fwd_hopper.flash_fwd_hopper_kernel
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=TARGET,
+                              options=options.__dict__)
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        report = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "kernel.cubin")],
+                                capture_output=True, text=True).stderr
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return dict(kernel=kernel.__name__, head_dim=head_dim, config=list(cfg.__dict__.values()), varlen=False,
+                causal=causal, dq=None, shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
+                tma_loads=ptx.count("cp.async.bulk.tensor"), local=int(spills.group(1)) if spills else -1,
+                tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report)
+
+
+def _ptxas():
+    from triton.backends.nvidia import compiler
+    return compiler.get_ptxas(90).path
 
 
 if __name__ == "__main__":

@@ -3,13 +3,39 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import reference
+from flashtile import configs, ops, reference
 from helpers import (DTYPE_IDS, assert_attention_close, poisoned_outputs, randn, torch_attention,
                      torch_attention_varlen, varlen_inputs)
 
 pytestmark = pytest.mark.gpu
 
 LOW = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True, params=["auto", "portable"])
+def forward_backend(request, monkeypatch):
+    """Every test runs twice on sm90: "auto" takes the warp-specialized Hopper kernel wherever it applies
+    (the portable kernel elsewhere), "portable" keeps to the portable one."""
+    monkeypatch.setattr(configs, "FWD_BACKEND", request.param)
+    return request.param
+
+
+def test_hopper_kernel_covers_the_common_layouts(forward_backend):
+    """The Hopper kernel, not the fallback, runs the shapes users time: flash-attn and SDPA layouts, GQA."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel is for sm90")
+    for head_dim in (64, 128, 256):  # D=64 stays on the portable kernel (faster there: configs.FWD_HOPPER)
+        for dtype in LOW:
+            q = randn(2, 1000, 8, head_dim, dtype=dtype)
+            k = randn(2, 1000, 2, head_dim, dtype=dtype)
+            heads_first = randn(2, 8, 1000, head_dim, dtype=dtype).transpose(1, 2)
+            for window in ((-1, -1), (-1, 0)):
+                for layout in (q, heads_first):
+                    config = ops._hopper_config(layout, k, k, window)
+                    expected = forward_backend == "auto" and head_dim != 64
+                    assert (config is not None) == expected, (head_dim, dtype, window)
+    assert ops._hopper_config(q[..., :-8], k[..., :-8], k[..., :-8], (-1, -1)) is None  # head dim 248
+    assert ops._hopper_config(q, k, k, (128, 0)) is None  # sliding window
 
 
 def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, window_size=(-1, -1)):
@@ -41,7 +67,7 @@ def test_large(seqlen, head_dim, dtype, causal):
 @pytest.mark.parametrize("dtype", LOW, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("seqlens", [(1, 4097), (1000, 3000), (3000, 1000), (777, 777)],
                          ids=lambda s: f"q{s[0]}k{s[1]}")
-@pytest.mark.parametrize("head_dim", [40, 96, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 256], ids=lambda d: f"d{d}")
 def test_ragged_causal_gqa(head_dim, seqlens, dtype):
     check(2, *seqlens, 8, 2, head_dim, dtype, causal=True)
 
@@ -71,8 +97,9 @@ def test_sdpa_entry_point():
     assert_attention_close(out, ref, expected)
 
 
-def test_deterministic():
-    q, k, v = (randn(4, 4096, 16, 128, dtype=torch.bfloat16) for _ in range(3))
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_deterministic(head_dim):
+    q, k, v = (randn(4, 4096, 16, head_dim, dtype=torch.bfloat16) for _ in range(3))
     first = flashtile.flash_attn_func(q, k, v, causal=True)
     assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=True)) for _ in range(3))
 

@@ -6,12 +6,20 @@ import torch.nn.functional as F
 from .. import reference
 
 
-def flashtile_fwd(causal):
-    from .. import flash_attn_func
+def flashtile_fwd(causal, backend="auto"):
+    """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND)."""
+    from .. import configs, flash_attn_func
 
     def prepare(q, k, v):
         return q.detach(), k.detach(), v.detach()
-    return prepare, lambda q, k, v: flash_attn_func(q, k, v, causal=causal)
+
+    def run(q, k, v):
+        saved, configs.FWD_BACKEND = configs.FWD_BACKEND, backend
+        try:
+            return flash_attn_func(q, k, v, causal=causal)
+        finally:
+            configs.FWD_BACKEND = saved
+    return prepare, run
 
 
 def sdpa_fwd(backend, causal):
@@ -54,6 +62,7 @@ def naive_fwd(causal):
 
 FORWARD = {
     "flashtile": flashtile_fwd,
+    "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable"),
     "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
     "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),
     "mem-efficient": lambda causal: sdpa_fwd("EFFICIENT_ATTENTION", causal),

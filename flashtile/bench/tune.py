@@ -6,7 +6,7 @@ import itertools
 import torch
 
 from .. import checks, ops
-from ..configs import BwdConfig, TileConfig
+from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig
 from .__main__ import HIDDEN, TOKENS, bench_ms, fwd_flops, progress
 
 FWD_CANDIDATES = [TileConfig(*c) for c in [
@@ -16,12 +16,27 @@ FWD_CANDIDATES = [TileConfig(*c) for c in [
 # (K/V-tile programs: Q tile iterated, K/V tile owned; Q-tile programs: Q tile owned, K/V tile iterated;
 # warps, stages; how dQ is summed: "none" = Q-tile programs in the same launch, no atomics).
 BWD_CANDIDATES = [BwdConfig(*c) for c in [
-    (64, 64, 64, 64, 4, 3, "tma"), (64, 64, 64, 64, 4, 3, "none"), (32, 64, 64, 32, 4, 3, "tma"),
-    (32, 64, 64, 32, 4, 3, "none"), (32, 64, 64, 64, 4, 3, "none"), (32, 64, 64, 32, 4, 4, "none"),
-    (32, 64, 64, 32, 4, 2, "none"), (64, 128, 128, 64, 8, 3, "none"), (32, 128, 128, 64, 8, 3, "none")]]
+    (64, 64, 64, 64, 4, 3, "tma"), (64, 64, 64, 64, 4, 3, "none"), (64, 64, 64, 64, 4, 2, "none"),
+    (64, 64, 64, 64, 4, 4, "none"), (32, 64, 64, 32, 4, 3, "none"), (32, 64, 64, 64, 4, 3, "none"),
+    (64, 128, 128, 64, 8, 3, "none"), (64, 64, 128, 64, 8, 3, "none"), (128, 128, 128, 128, 8, 2, "none"),
+    (32, 128, 128, 64, 8, 3, "none")]]
+
+
+# The Hopper forward's ablation: each row changes one thing from the one before (docs/perf.md).
+HOPPER_CANDIDATES = [HopperFwdConfig(*c) for c in [
+    (128, 128, 2, 168, 168, True),  # no register reallocation: consumers keep the entry cap (ptxas spills)
+    (128, 64, 2, 240, 168, False),  # 64-key tiles, warpgroups issue their products whenever ready
+    (128, 128, 2, 240, 168, False),  # 128-key tiles
+    (128, 128, 2, 240, 168, True),  # ping-pong: the warpgroups take turns at the tensor cores
+    (128, 128, 3, 240, 168, True),  # a third K/V stage
+    (128, 64, 3, 240, 168, True),
+    (128, 128, 4, 240, 168, True)]]  # a fourth (D=64 only)
 
 
 def _label(cfg):
+    if isinstance(cfg, HopperFwdConfig):
+        return (f"{cfg.block_m},{cfg.block_n} x{cfg.num_stages} regs {cfg.consumer_regs}"
+                f"{' ping-pong' if cfg.pingpong else ''}")
     if isinstance(cfg, BwdConfig):
         return (f"{cfg.block_m1},{cfg.block_n1} / {cfg.block_m2},{cfg.block_n2}, {cfg.num_warps},{cfg.num_stages} "
                 f"{cfg.dq_atomic}")
@@ -33,8 +48,9 @@ def main(argv=None):
     parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--backward", action="store_true", help="sweep the backward")
+    parser.add_argument("--hopper", action="store_true", help="sweep the warp-specialized sm90 forward")
     args = parser.parse_args(argv)
-    candidates = BWD_CANDIDATES if args.backward else FWD_CANDIDATES
+    candidates = BWD_CANDIDATES if args.backward else HOPPER_CANDIDATES if args.hopper else FWD_CANDIDATES
     results = {}
     cases = list(itertools.product(args.head_dims, [False, True], args.seqlens, candidates))
     for d, causal, n, cfg in progress(cases, "tile sweep"):
@@ -51,12 +67,19 @@ def main(argv=None):
                                                              deterministic, config=cfg), 10, 40)
                 flops *= 2.5
             else:
+                if args.hopper:  # a fast wrong kernel must not win: compare with the portable kernel first
+                    out, _ = ops.attention_forward(q, k, v, scale, window, True, config=cfg)
+                    ref, _ = ops.attention_forward(q, k, v, scale, window, True, config=FWD_SM90[(d, causal)])
+                    if not (out.float() - ref.float()).abs().max().item() < 2e-2:
+                        raise ValueError("output differs from the portable kernel")
                 ms = bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40)
             results[(d, causal, n, cfg)] = flops / ms / 1e9
         except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
             results[(d, causal, n, cfg)] = None
             print(f"skip {_label(cfg)} d{d}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
-    print(f"| D | causal | {'K/V tile / Q tile, warps,stages dQ' if args.backward else 'BM,BN,warps,stages'} | "
+    label = ("K/V tile / Q tile, warps,stages dQ" if args.backward else "BM,BN x stages, consumer regs" if args.hopper
+             else "BM,BN,warps,stages")
+    print(f"| D | causal | {label} | "
           + " | ".join(f"N={n}" for n in args.seqlens) + " | mean |")
     print("|---" * (len(args.seqlens) + 4) + "|")
     for d, causal in itertools.product(args.head_dims, [False, True]):

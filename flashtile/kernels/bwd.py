@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
-                    q_tile_program, reduce_tile, sequence_bounds, sequence_desc, store_tile)
+                    reduce_tile, sequence_bounds, sequence_desc, store_tile)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
