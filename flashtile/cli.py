@@ -45,6 +45,10 @@ def demo(args):
     q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device=device, dtype=dtype) for _ in range(3))
     print(f"shape: batch {batch}, seqlen {seqlen}, heads {nheads}, head dim {head_dim}, {dtype}, "
           f"{'causal' if causal else 'non-causal'}")
+    from .ops import _hopper_config
+    hopper = _hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
+    print("forward kernel: " + ("the warp-specialized Hopper kernel (kernels/fwd_hopper.py)" if hopper
+                                else "the portable Triton kernel (kernels/fwd.py)"))
 
     out = flash_attn_func(q, k, v, causal=causal)
     ref, _ = reference.attention(q[:1], k[:1], v[:1], causal=causal)
@@ -88,6 +92,9 @@ def info(_args):
     print(f"torch {torch.__version__}, triton {triton.__version__}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
+        from . import configs
+        print(f"forward backend: {configs.FWD_BACKEND} (FLASHTILE_FWD_BACKEND); the Hopper kernel covers head dims "
+              f"{sorted(configs.FWD_HOPPER)} on sm90")
     else:
         print("no CUDA GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1)")
     return 0
