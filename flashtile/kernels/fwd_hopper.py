@@ -15,6 +15,7 @@ stored.
 import functools
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
@@ -225,11 +226,17 @@ def _view(t, varlen):
     return None
 
 
+# Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): this kernel is
+# written, tested and measured against triton 3.6; other versions use the portable kernel.
+GLUON_VERSION_OK = triton.__version__.startswith("3.6.")
+
+
 def supports(q, k, v, window_size):
-    """Whether this kernel covers the call (given a config for its head dim): bf16/fp16, full or causal
-    attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read."""
+    """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
+    causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read."""
     varlen = q.dim() == 3
-    return (q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0 and window_size[1] in (-1, 0)
+    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
+            and window_size[1] in (-1, 0)
             and all(t.data_ptr() % 16 == 0 and _view(t, varlen) is not None for t in (q, k, v)))
 
 
