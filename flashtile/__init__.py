@@ -18,7 +18,9 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name in _PUBLIC:
-        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value  # later lookups skip this function (about 10 µs per call)
+        return value
     raise AttributeError(f"module 'flashtile' has no attribute {name!r}")
 
 
