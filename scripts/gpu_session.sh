@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
-# Usage: bash scripts/gpu_session.sh [tests] [tune] [tune-bwd] [lessons] [bench] [bench-quick]
+# Usage: bash scripts/gpu_session.sh [tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
+#        [bench-quick]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -12,8 +13,13 @@ for step in "$@"; do
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
     tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \
                 | tee "$out/tune-bwd.log" ;;
+    check-hopper) python3 scripts/check_hopper.py 2>&1 | tee "$out/check-hopper.log" ;;
+    tune-hopper) python3 -m flashtile.bench.tune --hopper --seqlens 4096 16384 2>&1 | grep -v '%|' \
+                   | tee "$out/tune-hopper.log" ;;
     lessons) python3 -m flashtile.bench.lessons 2>&1 | tee "$out/lessons.log" ;;
-    bench) python3 -m flashtile.bench --backward --out "$out/bench" 2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
+    bench) python3 -m flashtile.bench --backward --peers flashtile "flashtile (portable)" cuDNN "FA2 (SDPA flash)" \
+             FlexAttention --memory-seqlens 8192 16384 32768 65536 131072 --out "$out/bench" 2>&1 \
+             | grep -v '%|' | tee "$out/bench.log" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac
