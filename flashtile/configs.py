@@ -50,6 +50,7 @@ class HopperFwdConfig:
     consumer_regs: int = 240  # registers per thread of a consumer warpgroup (setmaxnreg)
     maxnreg: int = 168  # the kernel's cap at entry: 12 warps x 32 x 168 fit the 64K-register file
     pingpong: bool = True  # the two consumer warpgroups take turns issuing their products
+    overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1 (not yet measured)
 
 
 # sm90, bf16/fp16. `python -m flashtile.bench.tune --hopper --seqlens 4096 16384` on 2026-11-29

@@ -80,10 +80,10 @@ def _pass_turn(turn, half: gl.constexpr, PINGPONG: gl.constexpr):
 def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, turn, O, LSE, o_offset,
               lse_offset, stride_on, start_m, seqlen_q, seqlen_k, diag, n_tiles, n_full, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr):
+              CAUSAL: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr):
     """One warpgroup: the online softmax of its BLOCK_M rows over every K/V tile, then O and LSE. Each step
     issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while (ping-pong)
-    the other warpgroup's products occupy the tensor cores."""
+    the other warpgroup's products occupy the tensor cores, and with OVERLAP_PV while its own P·V runs."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -114,13 +114,23 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         _take_turn(turn, half, j, PINGPONG)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         _pass_turn(turn, half, PINGPONG)
         # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
-        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-        mbarrier.arrive(kv_free.index(prev))
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N,
-                                                                   CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
+        if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, seqlen_k, diag,
+                                                                       BLOCK_N, CAUSAL, s_layout), qk_scale,
+                                                     MAY_BE_EMPTY)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            mbarrier.arrive(kv_free.index(prev))
+        else:
+            s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+            mbarrier.arrive(kv_free.index(prev))
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, seqlen_k, diag,
+                                                                       BLOCK_N, CAUSAL, s_layout), qk_scale,
+                                                     MAY_BE_EMPTY)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     last = (n_tiles - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
@@ -146,7 +156,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
                             seqlen_q, seqlen_k, nheads, group, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                            PINGPONG: gl.constexpr, REGS: gl.constexpr):
+                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
+                            REGS: gl.constexpr):
     """Grid (Q tiles, batch · nheads), heavy (causal) tiles first. A head's rows of sequence b start at row
     b·rows_b + h·rows_h (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h."""
     start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
@@ -196,10 +207,10 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, turn, O, LSE, o_offset,
                          lse_offset, stride_on, start_m, seqlen_q, seqlen_k, diag, n_tiles, n_full, qk_scale, HEAD_DIM,
-                         HALF_M, BLOCK_N, STAGES, CAUSAL, MAY_BE_EMPTY, PINGPONG)),
+                         HALF_M, BLOCK_N, STAGES, CAUSAL, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, turn, O, LSE, o_offset,
                          lse_offset, stride_on, start_m, seqlen_q, seqlen_k, diag, n_tiles, n_full, qk_scale, HEAD_DIM,
-                         HALF_M, BLOCK_N, STAGES, CAUSAL, MAY_BE_EMPTY, PINGPONG)),
+                         HALF_M, BLOCK_N, STAGES, CAUSAL, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free,
                                q_row + start_m, h * q_col_h, k_row, h_k * k_col_h, n_tiles, BLOCK_N, STAGES)),
         ], [4, 1], [REGS, 24])
@@ -286,5 +297,5 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
             *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, softmax_scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                  REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
+                  OVERLAP_PV=config.overlap_pv, REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
