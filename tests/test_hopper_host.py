@@ -1,0 +1,78 @@
+"""The Hopper forward's host side, on any machine: the 2-D views its descriptors read must address exactly
+the rows of each (batch, head), and the dispatch must only take calls the kernel covers. (The kernel
+itself runs on sm90 only: tests/test_gpu_fwd.py; it compiles for sm90 here: tests/test_compile_sm90.py.)"""
+import pytest
+import torch
+
+from flashtile import configs, ops
+from flashtile.kernels import fwd_hopper
+
+
+def _rows(view, row_base, col, n, head_dim):
+    return view[row_base:row_base + n, col:col + head_dim]
+
+
+@pytest.mark.parametrize("layout", ["tokens-major", "heads-major"])
+def test_view_addresses_each_head(layout):
+    batch, seqlen, nheads, head_dim = 3, 5, 4, 8
+    if layout == "tokens-major":
+        t = torch.randn(batch, seqlen, nheads, head_dim)
+    else:
+        t = torch.randn(batch, nheads, seqlen, head_dim).transpose(1, 2)
+    view, rows_b, rows_h, col_h = fwd_hopper._view(t, varlen=False)
+    assert view.data_ptr() == t.data_ptr() and view.stride(-1) == 1
+    for b in range(batch):
+        for h in range(nheads):
+            got = _rows(view, b * rows_b + h * rows_h, h * col_h, seqlen, head_dim)
+            assert torch.equal(got, t[b, :, h])
+
+
+def test_view_addresses_each_packed_sequence():
+    seqlens, nheads, head_dim = [2, 0, 5], 3, 16
+    t = torch.randn(sum(seqlens), nheads, head_dim)
+    view, _, _, col_h = fwd_hopper._view(t, varlen=True)
+    start = 0
+    for n in seqlens:
+        for h in range(nheads):
+            assert torch.equal(_rows(view, start, h * col_h, n, head_dim), t[start:start + n, h])
+        start += n
+
+
+def test_views_the_kernel_cannot_read():
+    qkv = torch.randn(2, 7, 3, 4, 64)  # q, k, v interleaved: a head's rows are not evenly spaced in a view
+    assert fwd_hopper._view(qkv[:, :, 0], varlen=False) is None
+    assert fwd_hopper._view(torch.randn(2, 7, 4, 64)[..., :32], varlen=False) is None  # a slice of the head dim
+    assert fwd_hopper._view(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
+
+
+def test_supports_only_full_or_causal_half_precision():
+    q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    ok = fwd_hopper.GLUON_VERSION_OK
+    assert fwd_hopper.supports(q, k, v, (-1, -1)) == ok
+    assert fwd_hopper.supports(q, k, v, (-1, 0)) == ok
+    assert not fwd_hopper.supports(q, k, v, (16, 0))  # sliding window
+    assert not fwd_hopper.supports(q.float(), k.float(), v.float(), (-1, -1))
+
+
+def test_not_chosen_off_sm90():
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    assert ops._hopper_config(q, q, q, (-1, -1)) is None  # a CPU tensor: no sm90 here
+
+
+def test_launch_arguments():
+    batch, seqlen, nheads, nheads_k, head_dim = 2, 300, 8, 2, 128
+    q = torch.randn(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
+    cfg = configs.FWD_HOPPER[128]
+    grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
+    assert grid == (-(-seqlen // cfg.block_m), batch * nheads)
+    q_desc, k_desc, v_desc = args[:3]
+    assert q_desc.block_shape == [cfg.block_m // 2, head_dim]  # half the rows to each consumer warpgroup
+    assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
+    assert kwargs["CAUSAL"] and kwargs["BOTTOM_RIGHT"] and not kwargs["IS_VARLEN"]
+    assert kwargs["STAGES"] == cfg.num_stages and kwargs["REGS"] == cfg.consumer_regs
+    named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
+    assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
+    assert named["seqlen_q"] == named["seqlen_k"] == seqlen
