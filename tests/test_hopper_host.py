@@ -19,7 +19,8 @@ def test_view_addresses_each_head(layout):
         t = torch.randn(batch, seqlen, nheads, head_dim)
     else:
         t = torch.randn(batch, nheads, seqlen, head_dim).transpose(1, 2)
-    view, rows_b, rows_h, col_h = fwd_hopper._view(t, varlen=False)
+    layout, rows_b, rows_h, col_h = fwd_hopper._layout(t, varlen=False)
+    view = fwd_hopper._view(t, layout)
     assert view.data_ptr() == t.data_ptr() and view.stride(-1) == 1
     for b in range(batch):
         for h in range(nheads):
@@ -30,7 +31,8 @@ def test_view_addresses_each_head(layout):
 def test_view_addresses_each_packed_sequence():
     seqlens, nheads, head_dim = [2, 0, 5], 3, 16
     t = torch.randn(sum(seqlens), nheads, head_dim)
-    view, _, _, col_h = fwd_hopper._view(t, varlen=True)
+    layout, _, _, col_h = fwd_hopper._layout(t, varlen=True)
+    view = fwd_hopper._view(t, layout)
     start = 0
     for n in seqlens:
         for h in range(nheads):
@@ -40,9 +42,9 @@ def test_view_addresses_each_packed_sequence():
 
 def test_views_the_kernel_cannot_read():
     qkv = torch.randn(2, 7, 3, 4, 64)  # q, k, v interleaved: a head's rows are not evenly spaced in a view
-    assert fwd_hopper._view(qkv[:, :, 0], varlen=False) is None
-    assert fwd_hopper._view(torch.randn(2, 7, 4, 64)[..., :32], varlen=False) is None  # a slice of the head dim
-    assert fwd_hopper._view(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
+    assert fwd_hopper._layout(qkv[:, :, 0], varlen=False) is None
+    assert fwd_hopper._layout(torch.randn(2, 7, 4, 64)[..., :32], varlen=False) is None  # a slice of the head dim
+    assert fwd_hopper._layout(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
 
 
 def test_supports_only_full_or_causal_half_precision():

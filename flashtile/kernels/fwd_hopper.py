@@ -216,10 +216,10 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
         ], [4, 1], [REGS, 24])
 
 
-def _view(t, varlen):
-    """(2-D tensor, rows per batch, rows per head, column per head) of the view a descriptor reads.
-    Accepts token-major (.., seqlen, nheads, headdim) and head-major (batch, nheads, seqlen, headdim)
-    strides; None when neither."""
+def _layout(t, varlen):
+    """((rows, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
+    reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim)
+    strides; None for any other."""
     head_dim = t.shape[-1]
     if t.stride(-1) != 1:
         return None
@@ -227,14 +227,20 @@ def _view(t, varlen):
         s_n, s_h = t.stride(0), t.stride(1)
         if s_h != head_dim or s_n != t.shape[1] * head_dim:
             return None
-        return t.view(-1, s_n), 0, 0, head_dim
+        return (t.shape[0], s_n), 0, 0, head_dim
     s_b, s_n, s_h = t.stride(0), t.stride(1), t.stride(2)
     batch, seqlen, nheads = t.shape[:3]
     if s_h == head_dim and s_n == nheads * head_dim and s_b == seqlen * s_n:
-        return t.as_strided((batch * seqlen, s_n), (s_n, 1)), seqlen, 0, head_dim
+        return (batch * seqlen, s_n), seqlen, 0, head_dim
     if s_n == head_dim and s_h == seqlen * head_dim and s_b == nheads * s_h:
-        return t.as_strided((batch * nheads * seqlen, head_dim), (head_dim, 1)), nheads * seqlen, seqlen, 0
+        return (batch * nheads * seqlen, head_dim), nheads * seqlen, seqlen, 0
     return None
+
+
+def _view(t, shape):
+    """The 2-D (rows, row stride) view of ``t`` that _layout found."""
+    rows, width = shape
+    return t.as_strided((rows, width), (width, 1))
 
 
 # Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): this kernel is
@@ -248,7 +254,7 @@ def supports(q, k, v, window_size):
     varlen = q.dim() == 3
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
             and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and _view(t, varlen) is not None for t in (q, k, v)))
+            and all(t.data_ptr() % 16 == 0 and _layout(t, varlen) is not None for t in (q, k, v)))
 
 
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
@@ -278,9 +284,9 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     """(grid, args, kwargs) of the kernel launch (scripts/compile_sm90.py compiles from them without a GPU)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    q2, q_rows_b, q_rows_h, q_col_h = _view(q, varlen)
-    k2, k_rows_b, k_rows_h, k_col_h = _view(k, varlen)
-    v2 = _view(v, varlen)[0]
+    q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, varlen)
+    k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, varlen)
+    q2, k2, v2 = _view(q, q_layout), _view(k, k_layout), _view(v, _layout(v, varlen)[0])
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype))
              for t, block in ((q2, config.block_m // 2), (k2, config.block_n), (v2, config.block_n))]
