@@ -266,20 +266,21 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     dq_atomic = "none" if deterministic else c.dq_atomic
     dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     if is_varlen:
-        tensors = (q, k, v, dout, dk, dv, q, k, v, dout, dq, dq_acc if dq_acc is not None else dq)
+        tiles = (q, k, v, dout, dk, dv, q, k, v, dout, dq)
     else:
-        tensors = host_descriptors(((q, c.block_m1), (k, c.block_n1), (v, c.block_n1), (dout, c.block_m1),
-                                    (dk, c.block_n1), (dv, c.block_n1), (q, c.block_m2), (k, c.block_n2),
-                                    (v, c.block_n2), (dout, c.block_m2), (dq, c.block_m2)), pad)
-        tensors += host_descriptors(((dq_acc, c.block_m1),), pad) if dq_atomic == "tma" else (dq_acc,)
-    if dq_acc is None:  # the dQ programs write dq; the kernel still takes an accumulator argument
-        tensors = tensors[:11] + (dq,)
+        tiles = host_descriptors(((q, c.block_m1), (k, c.block_n1), (v, c.block_n1), (dout, c.block_m1),
+                                  (dk, c.block_n1), (dv, c.block_n1), (q, c.block_m2), (k, c.block_n2),
+                                  (v, c.block_n2), (dout, c.block_m2), (dq, c.block_m2)), pad)
+    # where the K/V-tile programs add dS·K: a bulk-reduce descriptor, a float32 pointer, or nothing (dq)
+    acc_arg = dq if dq_acc is None else dq_acc
+    if dq_atomic == "tma" and not is_varlen:
+        acc_arg, = host_descriptors(((dq_acc, c.block_m1),), pad)
     strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
     dq_acc_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
     kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1), cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
     flash_bwd_kernel[(programs, batch * nheads_k)](
-        *tensors[:11], lse, delta, tensors[11], cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
+        *tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
         *dq_acc_strides, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles,
         softmax_scale * 1.4426950408889634, softmax_scale, max(left, 0), max(right, 0),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
