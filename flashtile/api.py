@@ -100,8 +100,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqlens = cache_seqlens
     else:
         seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
-    batch_idx = None if paged else (cache_batch_idx if cache_batch_idx is not None
-                                    else torch.arange(batch, dtype=torch.int32, device=device))
+    batch_idx = None if paged else cache_batch_idx  # None: sequence b is cache row b
     if k is not None:
         ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table)
         seqlens = seqlens + k.shape[1]

@@ -127,21 +127,22 @@ def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
 
 
 # Decode (split-KV): block_n keys per step; block_m is set by the query rows (group x new tokens).
-# `python -m flashtile.bench.decode --sweep` on 2026-11-29 (docs/results/decode-sweep-v2.md, CUDA-graph
-# times, D=128): 128 keys, 4 warps, 3 stages beat 64/4/4 at every shape (4.51 vs 3.90 TB/s at B=8,
-# L=128k). Its best split counts fit the rule in decode_splits. D=32/64/256 unswept.
+# `python -m flashtile.bench.decode --sweep` on 2026-11-29 (docs/results/decode-sweep-v3.md, CUDA-graph
+# times, D=128): 128 keys, 4 warps, 3 stages was best or within 3 % of the best at every shape (4.52 TB/s at
+# B=8, L=128k). One such program fills an SM's shared memory, so the best split count made about one wave of
+# programs: 16 splits at B=1, 2 at B=8 (B=8, L=4k: 37 µs against 44 at 8 splits), 1 at B=32 (L=4k).
+# D=32/64/256 unswept.
 DECODE_SM90 = {32: TileConfig(16, 128, 4, 3), 64: TileConfig(16, 128, 4, 3), 128: TileConfig(16, 128, 4, 3),
                256: TileConfig(16, 64, 4, 3)}
 DECODE_INTERPRETER = TileConfig(16, 64, 4, 1)
 DECODE_MIN_CHUNK = 256  # keys per split at least
-DECODE_MAX_SPLITS = 16  # more splits only lengthen the combine (B=1, L=32k: 37 µs at 16, 46 µs at 64)
+DECODE_MAX_SPLITS = 16  # more splits only lengthen the merge (B=1, L=32k: 37 µs at 16, 46 µs at 64)
 
 
 def decode_splits(programs, capacity, num_sms):
-    """Split count: about four waves of (batch, KV head) programs on the SMs (one program fits per SM),
-    within [1, DECODE_MAX_SPLITS] and no split under DECODE_MIN_CHUNK keys. On the sweep's shapes this
-    picks the measured best: 16 at B=1 (L=4k, 32k), 8 at B=8 (L=4k, 128k)."""
-    return max(1, min(4 * num_sms // programs, DECODE_MAX_SPLITS, -(-capacity // DECODE_MIN_CHUNK)))
+    """Split count: one wave of (split, batch, KV head) programs on the SMs (one program fills an SM), within
+    [1, DECODE_MAX_SPLITS] and no split under DECODE_MIN_CHUNK keys."""
+    return max(1, min(num_sms // programs, DECODE_MAX_SPLITS, -(-capacity // DECODE_MIN_CHUNK)))
 
 
 def decode_config(head_dim_pad, interpreter):

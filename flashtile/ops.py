@@ -13,7 +13,7 @@ import triton
 from . import configs
 from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
-from .kernels.decode import launch_combine, launch_decode
+from .kernels.decode import arrival_slots, launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
 from .kernels.tiles import cdiv, head_dim_pad, tma_addressable
 
@@ -195,6 +195,8 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_tabl
     """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place."""
     positions = cache_seqlens[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [batch, seqlen_new]
     if block_table is None:
+        if batch_idx is None:
+            batch_idx = torch.arange(k.shape[0], device=k.device)
         rows, slots = batch_idx[:, None].long().expand_as(positions), positions
     else:
         page_size = k_cache.shape[1]
@@ -206,18 +208,34 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_tabl
 def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,
                     num_splits, config=None):
     """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] keys of each
-    sequence's cache. Returns (out, lse [batch, nheads, seqlen_q])."""
+    sequence's cache, in one launch. Returns (out, lse [batch, nheads, seqlen_q])."""
     batch, seqlen_q, nheads, head_dim = q.shape
     config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
     if num_splits <= 0:
         num_splits = configs.decode_splits(batch * k_cache.shape[2], capacity, _num_sms(q.device))
     chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
-    out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
-    lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
-                  softmax_scale, window_size, config)
-    return combine(out_part, lse_part, q.dtype)
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    arrivals = None
+    if num_splits > 1:
+        arrivals = _arrivals(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q))
+    launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
+                  softmax_scale, window_size, config, arrivals)
+    return out, lse
+
+
+_ARRIVALS = {}
+
+
+def _arrivals(device, count):
+    """Zeroed int32 counters that the decode kernel leaves zeroed: one buffer per device and stream, grown on
+    demand (calls on one stream run in order, so two never use a counter at the same time)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    buf = _ARRIVALS.get(key)
+    if buf is None or buf.numel() < count:
+        buf = _ARRIVALS[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    return buf
 
 
 def combine(out_partials, lse_partials, dtype=None):

@@ -36,11 +36,11 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
             sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {tensors[name]}, 1, {pad}]>"
         elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part"):
             sig[name] = "*fp32"
-        elif name in ("Q", "K", "V"):  # decode's pointers (its K, V descriptors are listed in tensors)
+        elif name in ("Q", "K", "V", "Out"):  # decode's pointers (its K, V descriptors are listed in tensors)
             sig[name] = f"*{dtype}"
         elif name == "__never__":
             sig[name] = "*fp32"
-        elif name.startswith("cu_seqlens") or name in ("cache_seqlens", "block_table", "batch_idx"):
+        elif name.startswith("cu_seqlens") or name in ("cache_seqlens", "block_table", "batch_idx", "arrivals"):
             sig[name] = "*i32"
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
@@ -81,7 +81,8 @@ def main():
     for pad, cfg in configs.DECODE_SM90.items():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
-                          USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, DOT_PRECISION="tf32")
+                          USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
+                          MERGE_ROWS=4, HAS_BATCH_IDX=True, DOT_PRECISION="tf32")
             tensors = dict(K=cfg.block_n, V=cfg.block_n)
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)

@@ -91,6 +91,22 @@ def test_append_new_tokens_causal(paged_cache, num_splits):
     assert_attention_close(out, ref, base)
 
 
+def test_split_merge_leaves_its_counters_zeroed():
+    """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
+    call on new data is right too, and no counter is left counting."""
+    from flashtile import ops
+    for _ in range(2):
+        q = randn(3, 2, 8, 64, dtype=torch.float16)
+        k_cache, v_cache = (randn(3, 300, 2, 64, dtype=torch.float16) for _ in range(2))
+        lengths = [300, 5, 130]
+        with poisoned_outputs():
+            out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(
+                lengths, dtype=torch.int32, device=DEVICE), causal=True, num_splits=4, return_softmax_lse=True)
+        ref, ref_lse, base = expected(q, k_cache, v_cache, lengths, causal=True)
+        assert_attention_close(out, ref, base, lse, ref_lse)
+    assert ops._ARRIVALS and all(int(buf.abs().sum()) == 0 for buf in ops._ARRIVALS.values())
+
+
 def test_cache_batch_idx_and_int_seqlens():
     q = randn(2, 1, 4, 64, dtype=torch.float16)
     k_cache, v_cache = (randn(5, 100, 4, 64, dtype=torch.float16) for _ in range(2))

@@ -49,13 +49,13 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
     }
 
 
-def sweep(shapes=((1, 4096), (1, 32768), (8, 4096), (8, 131072), (32, 32768))):
+def sweep(shapes=((1, 4096), (1, 32768), (8, 4096), (8, 32768), (8, 131072), (32, 4096), (32, 32768))):
     """Decode tile configs and split counts (0: automatic) on a few shapes, contiguous cache, timed under a
     CUDA graph so that host time does not count: KV TB/s per (config, splits)."""
     import triton
     from .. import ops
     from ..configs import TileConfig
-    candidates = [(TileConfig(16, *c), s) for c in [(128, 4, 3), (64, 4, 4)] for s in (0, 8, 16, 32, 64)]
+    candidates = [(TileConfig(16, *c), s) for c in [(128, 4, 3), (128, 4, 2), (64, 4, 3)] for s in (0, 1, 2, 4, 8, 16)]
     print("| block_n, warps, stages, splits | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
     print("|---" * (len(shapes) + 1) + "|")
     results = {c: [] for c in candidates}

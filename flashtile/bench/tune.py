@@ -19,7 +19,10 @@ BWD_CANDIDATES = [BwdConfig(*c) for c in [
     (64, 64, 64, 64, 4, 3, "tma"), (64, 64, 64, 64, 4, 3, "none"), (64, 64, 64, 64, 4, 2, "none"),
     (64, 64, 64, 64, 4, 4, "none"), (32, 64, 64, 32, 4, 3, "none"), (32, 64, 64, 64, 4, 3, "none"),
     (64, 128, 128, 64, 8, 3, "none"), (64, 64, 128, 64, 8, 3, "none"), (128, 128, 128, 128, 8, 2, "none"),
-    (32, 128, 128, 64, 8, 3, "none")]]
+    (32, 128, 128, 64, 8, 3, "none"),
+    # 16- and 32-row Q tiles under the K/V tile, fewer stages: fewer registers spilled at D=128 (ptxas -v)
+    (16, 64, 64, 64, 4, 3, "none"), (16, 64, 64, 64, 4, 4, "none"), (32, 64, 64, 64, 4, 2, "none"),
+    (16, 64, 64, 32, 4, 3, "none"), (16, 64, 128, 64, 8, 3, "none")]]
 
 
 # The Hopper forward's ablation: each row changes one thing from the one before (docs/perf.md).
@@ -31,7 +34,8 @@ HOPPER_CANDIDATES = [HopperFwdConfig(*c) for c in [
     (128, 128, 3, 240, 168, True),  # a third K/V stage
     (128, 64, 3, 240, 168, True),
     (128, 128, 4, 240, 168, True),  # a fourth (D=64 only)
-    (128, 128, 3, 240, 168, True, True)]]  # the softmax under the previous tile's P·V
+    (128, 128, 3, 240, 168, True, True),
+    (128, 128, 2, 240, 168, True, True)]]  # the softmax under the previous tile's P·V
 
 
 def _label(cfg):
@@ -50,8 +54,11 @@ def main(argv=None):
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--backward", action="store_true", help="sweep the backward")
     parser.add_argument("--hopper", action="store_true", help="sweep the warp-specialized sm90 forward")
+    parser.add_argument("--pick", type=int, nargs="+", help="only these candidates (indices into the list)")
     args = parser.parse_args(argv)
     candidates = BWD_CANDIDATES if args.backward else HOPPER_CANDIDATES if args.hopper else FWD_CANDIDATES
+    if args.pick:
+        candidates = [candidates[i] for i in args.pick]
     results = {}
     cases = list(itertools.product(args.head_dims, [False, True], args.seqlens, candidates))
     for d, causal, n, cfg in progress(cases, "tile sweep"):

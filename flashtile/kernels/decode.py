@@ -7,10 +7,12 @@ the M dimension (GQA packing), row r = token (r // group), head h_k·group + (r 
 float32 partial O (normalized within the chunk) and the chunk's LSE.
 ``combine_kernel``: O = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s); −inf partials weigh 0.
 
-The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through ``cache_batch_idx``, or
+The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through ``cache_batch_idx`` (else
+row b), or
 paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b lives in
 page block_table[b, j // page_size] at offset j % page_size.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -23,14 +25,18 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, O_part, LSE_part, cache_seqlens, block_table, batch_idx,
+    Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx,
     stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_bt,
-    seqlen_q, nheads_k, page_size, chunk, qk_scale, left, right,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
+    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, seqlen_q, nheads_k, page_size, chunk, qk_scale, left,
+    right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
-    MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    HAS_BATCH_IDX: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
+    LSE, and the last split of a (batch, KV head, row tile) to arrive merges them into Out and LSE; without,
+    the single split writes Out and LSE itself."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads_k).to(tl.int64)
@@ -54,7 +60,7 @@ def flash_decode_split_kernel(
     if MASK_LEFT:
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
     if not PAGED:
-        cache_row = tl.load(batch_idx + b).to(tl.int64)
+        cache_row = tl.load(batch_idx + b).to(tl.int64) if HAS_BATCH_IDX else b
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
@@ -90,58 +96,104 @@ def flash_decode_split_kernel(
     empty = l_i == 0.0
     acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    o_ptrs = (O_part + split * stride_os + b * stride_ob + token[:, None] * stride_ot + head[:, None] * stride_oh
-              + offs_d[None, :])
-    tl.store(o_ptrs, acc, mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE_part + split * stride_ls + b * stride_lb + head * stride_lh + token, lse, mask=row_ok)
+    out_rows = b * stride_out_b + token * stride_out_t + head * stride_out_h  # [BLOCK_M]
+    lse_rows = b * stride_lse_b + head * stride_lse_h + token
+    if SPLIT:
+        o_rows = b * stride_ob + token * stride_ot + head * stride_oh
+        l_rows = b * stride_lb + head * stride_lh + token
+        tl.store(O_part + split * stride_os + o_rows[:, None] + offs_d[None, :], acc,
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE_part + split * stride_ls + l_rows, lse, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        tile = pid_bh * tl.num_programs(2) + tl.program_id(2)
+        if tl.atomic_add(arrivals + tile, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+            tl.store(arrivals + tile, 0)  # zero again for the next call
+            first = tl.program_id(2) * BLOCK_M
+            n_rows = tl.minimum(BLOCK_M, GROUP * seqlen_q - first)
+            for r0 in range(0, n_rows, MERGE_ROWS):
+                r = r0 + tl.arange(0, MERGE_ROWS)
+                t = (first + r) // GROUP
+                hq = h_k * GROUP + (first + r) % GROUP
+                merge_rows(O_part, LSE_part, Out, LSE, b * stride_ob + t * stride_ot + hq * stride_oh,
+                           b * stride_lb + hq * stride_lh + t, b * stride_out_b + t * stride_out_t + hq * stride_out_h,
+                           b * stride_lse_b + hq * stride_lse_h + t, r < n_rows, tl.num_programs(0), stride_os,
+                           stride_ls, HEAD_DIM, HEAD_DIM_PAD, BLOCK_S)
+    else:
+        tl.store(Out + out_rows[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + lse_rows, lse, mask=row_ok)
 
 
 @triton.jit
-def combine_kernel(O_part, LSE_part, Out, LSE, num_splits, seqlen_q, nheads,
+def merge_rows(O_part, LSE_part, Out, LSE, o_rows, l_rows, out_rows, lse_rows, row_ok, num_splits, stride_os,
+               stride_ls, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Rows given by their offsets into the partials (o_rows, l_rows) and into Out and LSE, every split of
+    every row loaded at once: Out = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s). −inf partials
+    weigh 0 (whatever their O holds); all −inf gives 0."""
+    splits = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    ok = (splits < num_splits)[:, None] & row_ok[None, :]  # [BLOCK_S, rows]
+    lse_s = tl.load(LSE_part + splits[:, None] * stride_ls + l_rows[None, :], mask=ok, other=float("-inf"),
+                    cache_modifier=".cg")
+    o_s = tl.load(O_part + (splits[:, None] * stride_os + o_rows[None, :])[:, :, None] + offs_d[None, None, :],
+                  mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")  # [BLOCK_S, rows, D]
+    lse_max = tl.max(lse_s, 0)  # [rows]
+    lse_ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.math.exp2((lse_s - lse_ref[None, :]) * LOG2E)
+    total = tl.sum(w, 0)
+    empty = total == 0.0
+    out = tl.sum(tl.where((w > 0)[:, :, None], o_s, 0.0) * w[:, :, None], 0)  # [rows, D]
+    out = out / tl.where(empty, 1.0, total)[:, None]
+    tl.store(Out + out_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + lse_rows, tl.where(empty, float("-inf"), lse_ref + tl.log(tl.where(empty, 1.0, total))),
+             mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(O_part, LSE_part, Out, LSE, num_splits, num_rows, seqlen_q, nheads,
                    stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh,
                    stride_out_b, stride_out_t, stride_out_h, stride_lse_b, stride_lse_h,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (batch, token, head) row: merge ``num_splits`` partials by their LSE."""
-    row = tl.program_id(0)
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+                   MERGE_ROWS: tl.constexpr):
+    """MERGE_ROWS (batch, token, head) rows per program: merge ``num_splits`` partials by their LSE."""
+    row = tl.program_id(0) * MERGE_ROWS + tl.arange(0, MERGE_ROWS)
     b = (row // (seqlen_q * nheads)).to(tl.int64)
     t = (row // nheads % seqlen_q).to(tl.int64)
     h = (row % nheads).to(tl.int64)
-    splits = tl.arange(0, BLOCK_S)
-    s_ok = splits < num_splits
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    lse_s = tl.load(LSE_part + splits * stride_ls + b * stride_lb + h * stride_lh + t, mask=s_ok,
-                    other=float("-inf"))  # [BLOCK_S]
-    lse_max = tl.max(lse_s, 0)
-    lse_ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    w = tl.math.exp2((lse_s - lse_ref) * LOG2E)  # [BLOCK_S]
-    total = tl.sum(w, 0)
-    o_s = tl.load(O_part + splits[:, None] * stride_os + b * stride_ob + t * stride_ot + h * stride_oh
-                  + offs_d[None, :], mask=(s_ok & (w > 0))[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    out = tl.sum(o_s * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)  # [HEAD_DIM]
-    tl.store(Out + b * stride_out_b + t * stride_out_t + h * stride_out_h + offs_d,
-             out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    lse = tl.where(total == 0.0, float("-inf"), lse_ref + tl.log(tl.where(total == 0.0, 1.0, total)))
-    tl.store(LSE + b * stride_lse_b + h * stride_lse_h + t, lse)
+    merge_rows(O_part, LSE_part, Out, LSE, b * stride_ob + t * stride_ot + h * stride_oh,
+               b * stride_lb + h * stride_lh + t, b * stride_out_b + t * stride_out_t + h * stride_out_h,
+               b * stride_lse_b + h * stride_lse_h + t, row < num_rows, num_splits, stride_os, stride_ls, HEAD_DIM,
+               HEAD_DIM_PAD, BLOCK_S)
+
+
+def merge_rows_per_step(block_s, head_dim_pad):
+    """Rows merged at once: BLOCK_S x rows x HEAD_DIM float32 within 8192 elements (64 registers a thread
+    at 4 warps)."""
+    return max(1, min(16, 8192 // (block_s * head_dim_pad)))
 
 
 def launch_combine(out_partials, lse_partials, out, lse):
     """out_partials (splits, batch, seqlen, nheads, headdim), lse_partials (splits, batch, nheads, seqlen)
     -> out (batch, seqlen, nheads, headdim), lse (batch, nheads, seqlen)."""
     num_splits, batch, seqlen_q, nheads, head_dim = out_partials.shape
-    combine_kernel[(batch * seqlen_q * nheads,)](
-        out_partials, lse_partials, out, lse, num_splits, seqlen_q, nheads,
+    block_s, pad = max(2, next_pow2(num_splits)), next_pow2(head_dim)
+    rows, merge_rows = batch * seqlen_q * nheads, merge_rows_per_step(block_s, pad)
+    combine_kernel[(cdiv(rows, merge_rows),)](
+        out_partials, lse_partials, out, lse, num_splits, rows, seqlen_q, nheads,
         *out_partials.stride()[:4], *lse_partials.stride()[:3], *out.stride()[:3], lse.stride(0), lse.stride(1),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
-        BLOCK_S=max(2, next_pow2(num_splits)), num_warps=1)
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_S=block_s, MERGE_ROWS=merge_rows, num_warps=4)
 
 
-def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out_part, lse_part, chunk,
-                  softmax_scale, window_size, config):
-    """Fill the partials: one program per (split, batch, KV head, tile of query rows)."""
+def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
+                  softmax_scale, window_size, config, arrivals=None):
+    """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q) in one launch: a program per
+    (split of ``chunk`` keys, batch, KV head, tile of query rows). With several splits, ``arrivals`` holds
+    int32 zeros, one per (batch, KV head, row tile), and is left zeroed."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
-    num_splits = out_part.shape[0]
     left, right = window_size
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
@@ -150,14 +202,27 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     use_tma = not paged and tma_addressable(k_cache) and tma_addressable(v_cache)
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad) if use_tma else (
         k_cache, v_cache)
+    split = num_splits > 1
+    if split:
+        out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        part_strides = (*out_part.stride()[:4], *lse_part.stride()[:3])
+    else:
+        out_part, lse_part, part_strides = out, lse, (0,) * 7
     flash_decode_split_kernel[(num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))](
-        q, k_arg, v_arg, out_part, lse_part, cache_seqlens, block_table, batch_idx,
-        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out_part.stride()[:4],
-        *lse_part.stride()[:3], block_table.stride(0) if paged else 0,
+        q, k_arg, v_arg, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *out.stride()[:3],
+        lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
         seqlen_q, nheads_k, page_size, chunk, softmax_scale * 1.4426950408889634, max(left, 0), max(right, 0),
-        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, PAGED=paged,
-        USE_TMA=use_tma,
-        MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n, PAGED=paged,
+        USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
+        BLOCK_S=max(2, next_pow2(num_splits)), MERGE_ROWS=merge_rows_per_step(max(2, next_pow2(num_splits)), pad),
+        HAS_BATCH_IDX=batch_idx is not None,
         DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
         num_stages=config.num_stages)
+
+
+def arrival_slots(batch, nheads_k, nheads, seqlen_q):
+    """How many arrival counters launch_decode uses: one per (batch, KV head, tile of query rows)."""
+    group = nheads // nheads_k
+    return batch * nheads_k * cdiv(group * seqlen_q, min(128, max(16, next_pow2(group * seqlen_q))))

@@ -1,0 +1,69 @@
+"""Host time of one eager call, piece by piece (mean over many calls, no synchronization; every GPU kernel
+here is shorter than the host path, so the host sets the pace). Decode: B=1, L=4k, 32/8 heads, D=128;
+forward: B=1, N=128, 16 heads, D=128. Run on the GPU: ``PYTHONPATH=. python scripts/profile_host.py``."""
+import time
+
+import torch
+import triton
+
+import flashtile
+from flashtile import checks, configs, ops
+from flashtile.kernels.decode import launch_decode
+
+
+@triton.jit
+def _empty_kernel(X):
+    pass
+
+
+def per_call_us(fn, calls=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls
+    torch.cuda.synchronize()
+    return host * 1e6
+
+
+def main():
+    flashtile.set_value_checks(False)
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
+    out, lse = torch.empty_like(q), torch.empty(1, 32, 1, device="cuda")
+    cfg = configs.decode_config(128, False)
+    arrivals = ops._arrivals(q.device, 64)
+    x = torch.empty(1, device="cuda")
+    qf, kf, vf = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    rows = {
+        "decode: flash_attn_with_kvcache": lambda: flashtile.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                                                     cache_seqlens=seqlens),
+        "decode: checks.kvcache": lambda: checks.kvcache(q, k_cache, v_cache, None, None, seqlens, None, None),
+        "decode: ops.kvcache_forward": lambda: ops.kvcache_forward(q, k_cache, v_cache, seqlens, None, None, 4096,
+                                                                   0.088, (-1, -1), 0),
+        "decode: launch_decode (16 splits)": lambda: launch_decode(q, k_cache, v_cache, seqlens, None, None, out, lse,
+                                                                   16, 256, 0.088, (-1, -1), cfg, arrivals),
+        "decode: launch_decode (1 split)": lambda: launch_decode(q, k_cache, v_cache, seqlens, None, None, out, lse,
+                                                                 1, 4096, 0.088, (-1, -1), cfg, arrivals),
+        "torch.empty x2": lambda: (torch.empty(16, 1, 1, 32, 128, device="cuda"), torch.empty(1, 32, 1, device="cuda")),
+        "triton: empty kernel, 1 arg": lambda: _empty_kernel[(1,)](x),
+        "forward: flash_attn_func": lambda: flashtile.flash_attn_func(qf, kf, vf),
+        "forward: ops.attention_forward": lambda: ops.attention_forward(qf, kf, vf, 0.088, (-1, -1), True),
+        "SDPA cuDNN (reference point)": lambda: sdpa_cudnn(qf, kf, vf),
+    }
+    for name, fn in rows.items():
+        print(f"{name}: {per_call_us(fn):.1f} us", flush=True)
+
+
+def sdpa_cudnn(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                v.transpose(1, 2))
+
+
+if __name__ == "__main__":
+    main()
