@@ -94,7 +94,7 @@ def info(_args):
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
         from . import configs
         print(f"forward backend: {configs.FWD_BACKEND} (FLASHTILE_FWD_BACKEND); the Hopper kernel covers head dims "
-              f"{sorted(configs.FWD_HOPPER)} on sm90")
+              f"{sorted({d for d, _ in configs.FWD_HOPPER})} on sm90")
     else:
         print("no CUDA GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1)")
     return 0

@@ -50,17 +50,26 @@ class HopperFwdConfig:
     consumer_regs: int = 240  # registers per thread of a consumer warpgroup (setmaxnreg)
     maxnreg: int = 168  # the kernel's cap at entry: 12 warps x 32 x 168 fit the 64K-register file
     pingpong: bool = True  # the two consumer warpgroups take turns issuing their products
-    overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1 (not yet measured)
+    overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1
+    persistent: bool = False  # one program per SM looping over the work items (else one per item)
 
 
-# sm90, bf16/fp16. `python -m flashtile.bench.tune --hopper --seqlens 4096 16384` on 2026-11-29
-# (docs/results/tune-hopper-v2.md): 128 query rows (64 per consumer warpgroup), 128-key tiles, ping-pong and
-# three K/V stages: D=128 647 TFLOP/s mean non-causal (two stages 531-550, 64-key tiles 495). D=256 fits two
-# 64-key stages beside its 64 KB Q tile (not swept). D=64 is left to the portable kernel: in the same-run
-# benchmark (docs/results/bench-v4.md) this kernel was behind it at N <= 2048 and even at 16k (445 mean).
+# sm90, bf16/fp16, keyed (head dim, causal). `python -m flashtile.bench.tune --hopper` on 2026-11-29
+# (docs/results/tune-hopper-v2.md, v3.md): 128 query rows (64 per consumer warpgroup), 128-key tiles, ping-pong
+# and three K/V stages: D=128 647 TFLOP/s mean non-causal (two stages 531-550, 64-key tiles 495). Then
+# (tune-hopper-v3.md, N = 1k/2k/4k/16k) the softmax under the previous tile's P·V and a persistent grid:
+# non-causal 543/614/587/620 against 480/568/570/607 without either. Causal keeps one program per work item
+# (a static round-robin of its uneven items left SMs idle: 415 against 583 at 16k) and no overlap: that gained
+# 1-2 % in one sweep (tune-hopper-v3-overlap.md), lost 1-4 % in another with the persistent grid, and its
+# masked scores spill 104 bytes (ptxas -v). D=256 fits two 64-key
+# stages beside its 64 KB Q tile (not swept). D=64 is left to the portable kernel: in the same-run benchmark
+# (docs/results/bench-v4.md) this kernel was behind it at N <= 2048 and even at 16k (445 mean; persistent:
+# tune-hopper-v3-d64.md, 388/442/446 at 1k/4k/16k).
 FWD_HOPPER = {
-    128: HopperFwdConfig(128, 128, 3),
-    256: HopperFwdConfig(128, 64, 2),
+    (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True),
+    (128, True): HopperFwdConfig(128, 128, 3),
+    (256, False): HopperFwdConfig(128, 64, 2),
+    (256, True): HopperFwdConfig(128, 64, 2),
 }
 
 # Which forward kernel sm90 uses: "auto" (the Hopper kernel where it applies, else the portable one) or

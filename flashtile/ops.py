@@ -91,7 +91,7 @@ def _hopper_config(q, k, v, window_size):
     """The sm90 warp-specialized forward's config when it covers the call, else None."""
     if configs.FWD_BACKEND == "portable" or _arch(q.device) != (9, 0) or interpreter_enabled():
         return None
-    config = configs.FWD_HOPPER.get(q.shape[-1])
+    config = configs.FWD_HOPPER.get((q.shape[-1], _is_causal(window_size)))
     if config is None:
         return None
     from .kernels.fwd_hopper import supports

@@ -23,12 +23,15 @@ def test_forward_compiles_for_sm90():
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel", "flash_decode_split_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
     assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + 2 * len(configs.DECODE_SM90)
-                         + 2 * len(configs.FWD_HOPPER) * len(hopper))
+                         + len(configs.FWD_HOPPER) * len(hopper))
     for row in rows:
         if row["kernel"] != "flash_decode_split_kernel":  # decode: 16-row dots and gathered pages
             assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
         assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
-        assert row["local"] == 0, f"spills to local memory: {row}"
+        # The Hopper kernel's overlap_pv consumer keeps a second score tile live and spills 20 bytes (ptxas -v);
+        # it was measured faster anyway (docs/results/tune-hopper-v3.md). Anything more is a regression.
+        spill_limit = 32 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
+        assert row["local"] <= spill_limit, f"spills to local memory: {row}"
         assert row["shared"] <= SM90_SHARED_LIMIT, row
         if row["kernel"] == "flash_fwd_hopper_kernel":  # warp-specialized, asynchronous wgmma kept asynchronous
             assert row["setmaxnreg"] > 0 and not row["serialized"], row

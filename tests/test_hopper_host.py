@@ -1,6 +1,8 @@
 """The Hopper forward's host side, on any machine: the 2-D views its descriptors read must address exactly
 the rows of each (batch, head), and the dispatch must only take calls the kernel covers. (The kernel
 itself runs on sm90 only: tests/test_gpu_fwd.py; it compiles for sm90 here: tests/test_compile_sm90.py.)"""
+import dataclasses
+
 import pytest
 import torch
 
@@ -66,9 +68,13 @@ def test_launch_arguments():
     q = torch.randn(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
     k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
-    cfg = configs.FWD_HOPPER[128]
+    cfg = configs.FWD_HOPPER[(128, True)]
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
-    assert grid == (-(-seqlen // cfg.block_m), batch * nheads)
+    n_work = -(-seqlen // cfg.block_m) * batch * nheads
+    assert grid == (n_work, )  # one program per work item
+    persistent = dataclasses.replace(cfg, persistent=True)
+    assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
+        min(n_work, 132), )  # at most one program per SM (132 stands in for a CPU tensor's device)
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [cfg.block_m // 2, head_dim]  # half the rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
@@ -78,3 +84,4 @@ def test_launch_arguments():
     assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
     assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
     assert named["seqlen_q"] == named["seqlen_k"] == seqlen
+    assert named["n_work"] == n_work and named["n_m"] == -(-seqlen // cfg.block_m)

@@ -1,11 +1,13 @@
 """FlashAttention forward for Hopper (sm90), warp-specialized, in Gluon.
 
-A program owns a 128-row Q tile of one head. A loader warp streams the K and V tiles its rows may see
-through a ring of shared-memory stages with TMA, each stage guarded by mbarriers (K ready, V ready,
-stage free). Two consumer warpgroups, 64 rows each, run the matrix products as asynchronous wgmma and the
-online softmax in registers (240 registers each, the loader keeps 24). Each step a consumer issues Q·Kᵀ
-of tile j with P·V of tile j - 1, then runs the softmax of tile j; the two consumers take turns at the
-tensor cores (ping-pong), so that one's softmax runs under the other's products.
+A work item is a 128-row Q tile of one head; a program takes one item, or (persistent) one program per SM
+walks items p, p + grid, ... so that the next item's loads overlap this one's tail. A loader warp streams
+each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
+stage guarded by mbarriers (K ready, V ready, stage free). Two consumer warpgroups, 64 rows each, run the
+matrix products as asynchronous wgmma and the online softmax in registers (240 registers each, the loader
+keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j - 1, then runs the softmax of tile
+j; the two consumers take turns at the tensor cores (ping-pong), so that one's softmax runs under the
+other's products.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -30,23 +32,64 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, q_row, q_col,
-                    k_row, k_col, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: each consumer's Q rows once, then K and V of each tile into stage j % STAGES once both
-    consumers freed it."""
-    for i in gl.static_range(2):
-        mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + i * q_desc.block_type.shape[0], q_col], q_bar.index(i),
-                                        q_smem.index(i))
-    for j in range(n_tiles):
-        stage = j % STAGES
-        mbarrier.wait(kv_free.index(stage), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(stage),
-                                        k_smem.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_ready.index(stage),
-                                        v_smem.index(stage))
+def _tile(t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+          seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+          IS_VARLEN: gl.constexpr):
+    """Work item t: a BLOCK_M-row Q tile of one head, the tiles of a head in a row, heavy (causal) ones first.
+    Returns its first row, batch, head, both sequences' first rows and lengths in the 2-D views, the causal
+    offset, the K/V tiles it visits and how many of them are whole."""
+    bh = t // n_m
+    start_m = (n_m - 1 - t % n_m) * BLOCK_M
+    b = bh // nheads
+    h = bh % nheads
+    q_row = b * q_rows_b + h * q_rows_h
+    k_row = b * k_rows_b + (h // group) * k_rows_h
+    if IS_VARLEN:
+        q_row = gl.load(cu_seqlens_q + b)
+        k_row = gl.load(cu_seqlens_k + b)
+        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row
+        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row
+    diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    hi = seqlen_k
+    full_hi = seqlen_k
+    if CAUSAL:
+        hi = gl.minimum(hi, start_m + BLOCK_M + diag)
+        full_hi = gl.minimum(full_hi, start_m + 1 + diag)
+    n_tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)  # a row band that sees no key still runs one masked tile
+    n_full = gl.maximum(full_hi, 0) // BLOCK_N
+    return start_m, b, h, q_row, k_row, seqlen_q, seqlen_k, diag, n_tiles, n_full
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
+                    cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
+                    seqlen_k, nheads, group, n_m, n_work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """One warp: for each work item of this program, each consumer's Q rows once that consumer freed the
+    previous ones, then K and V of each tile into the next ring stage once both consumers freed it."""
+    g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
+    done = 0
+    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+        start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
+            t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+        if start_m < sq:
+            for i in gl.static_range(2):
+                mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
+                mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0],
+                                                         h * q_col_h], q_bar.index(i), q_smem.index(i))
+            for j in range(n_tiles):
+                stage = g % STAGES
+                mbarrier.wait(kv_free.index(stage), ((g // STAGES) & 1) ^ 1)
+                mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
+                                                k_ready.index(stage), k_smem.index(stage))
+                mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
+                                                v_ready.index(stage), v_smem.index(stage))
+                g += 1
+            done += 1
 
 
 @gluon.jit
@@ -77,143 +120,151 @@ def _pass_turn(turn, half: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, turn, O, LSE, o_offset,
-              lse_offset, stride_on, start_m, seqlen_q, seqlen_k, diag, n_tiles, n_full, qk_scale,
+def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+              cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
+              stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr):
-    """One warpgroup: the online softmax of its BLOCK_M rows over every K/V tile, then O and LSE. Each step
-    issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while (ping-pong)
-    the other warpgroup's products occupy the tensor cores, and with OVERLAP_PV while its own P·V runs."""
+              CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
+              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr):
+    """One warpgroup, half of each work item's rows: the online softmax over every K/V tile, then O and LSE.
+    Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
+    (ping-pong) the other warpgroup's products occupy the tensor cores, and with OVERLAP_PV while its own P·V
+    runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done."""
+    HALF_M: gl.constexpr = BLOCK_M // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
-    start_m = start_m + half * BLOCK_M
-    q_smem = q_smem.index(half)
+    q_half = q_smem.index(half)
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+    g = 0  # K/V tiles consumed so far (the loader's count)
+    turns = 0  # batches of products issued so far (ping-pong)
+    done = 0
+    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+        start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
+            t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+        if start_m < sq:
+            offs_m = start_m + half * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([HALF_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
 
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+            mbarrier.wait(q_bar.index(half), done & 1)
+            mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
+            _take_turn(turn, half, turns, PINGPONG)
+            s = warpgroup_mma(q_half, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            _pass_turn(turn, half, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s, ))  # [HALF_M, BLOCK_N]
+            if n_tiles == 1:
+                mbarrier.arrive(q_free.index(half))
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                       CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
+            for j in range(1, n_tiles):
+                stage = (g + j) % STAGES
+                prev = (g + j - 1) % STAGES
+                mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
+                _take_turn(turn, half, turns + j, PINGPONG)
+                s = warpgroup_mma(q_half, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                _pass_turn(turn, half, PINGPONG)
+                # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
+                if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
+                    s = warpgroup_mma_wait(1, deps=(s, ))
+                    if j == n_tiles - 1:
+                        mbarrier.arrive(q_free.index(half))
+                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
+                                                                               BLOCK_N, CAUSAL, s_layout), qk_scale,
+                                                             MAY_BE_EMPTY)
+                    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                    mbarrier.arrive(kv_free.index(prev))
+                else:
+                    s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+                    if j == n_tiles - 1:
+                        mbarrier.arrive(q_free.index(half))
+                    mbarrier.arrive(kv_free.index(prev))
+                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
+                                                                               BLOCK_N, CAUSAL, s_layout), qk_scale,
+                                                             MAY_BE_EMPTY)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            last = (g + n_tiles - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((g + n_tiles - 1) // STAGES) & 1)
+            _take_turn(turn, half, turns + n_tiles, PINGPONG)
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
+            _pass_turn(turn, half, PINGPONG)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(kv_free.index(last))
+            g += n_tiles
+            turns += n_tiles + 1
+            done += 1
 
-    mbarrier.wait(q_bar.index(half), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    _take_turn(turn, half, 0, PINGPONG)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    _pass_turn(turn, half, PINGPONG)
-    s = warpgroup_mma_wait(0, deps=(s, ))  # [BLOCK_M, BLOCK_N]
-    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, seqlen_k, diag, BLOCK_N,
-                                                               CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
-    for j in range(1, n_tiles):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        _take_turn(turn, half, j, PINGPONG)
-        s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        _pass_turn(turn, half, PINGPONG)
-        # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
-        if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
-            s = warpgroup_mma_wait(1, deps=(s, ))
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, seqlen_k, diag,
-                                                                       BLOCK_N, CAUSAL, s_layout), qk_scale,
-                                                     MAY_BE_EMPTY)
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            mbarrier.arrive(kv_free.index(prev))
-        else:
-            s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-            mbarrier.arrive(kv_free.index(prev))
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, seqlen_k, diag,
-                                                                       BLOCK_N, CAUSAL, s_layout), qk_scale,
-                                                     MAY_BE_EMPTY)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    last = (n_tiles - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-    _take_turn(turn, half, n_tiles, PINGPONG)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
-    _pass_turn(turn, half, PINGPONG)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-
-    empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-    gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < seqlen_q)
-    inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
-    out = (acc * inv_l[:, None]).to(dtype)
-    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
-    gl.store(ptrs, out, mask=(rows < seqlen_q)[:, None])
+            o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+            lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+            if IS_VARLEN:
+                o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
+                lse_offset = h.to(gl.int64) * stride_lh + q_row
+            empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
+            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+            gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
+            inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
+            out = (acc * inv_l[:, None]).to(dtype)
+            rows = start_m + half * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
+            gl.store(ptrs, out, mask=(rows < sq)[:, None])
 
 
 @gluon.jit
 def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                             k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                            seqlen_q, seqlen_k, nheads, group, qk_scale, HEAD_DIM: gl.constexpr,
+                            seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
-                            REGS: gl.constexpr):
-    """Grid (Q tiles, batch · nheads), heavy (causal) tiles first. A head's rows of sequence b start at row
-    b·rows_b + h·rows_h (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h."""
-    start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
-    b = gl.program_id(1) // nheads
-    h = gl.program_id(1) % nheads
-    h_k = h // group
-    q_row = b * q_rows_b + h * q_rows_h
-    k_row = b * k_rows_b + h_k * k_rows_h
-    if IS_VARLEN:
-        q_row = gl.load(cu_seqlens_q + b)
-        k_row = gl.load(cu_seqlens_k + b)
-        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row
-        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row
-    if start_m < seqlen_q:
-        diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-        hi = seqlen_k
-        full_hi = seqlen_k
-        if CAUSAL:
-            hi = gl.minimum(hi, start_m + BLOCK_M + diag)
-            full_hi = gl.minimum(full_hi, start_m + 1 + diag)
-        n_tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)  # a row band that sees no key still runs one masked tile
-        n_full = gl.maximum(full_hi, 0) // BLOCK_N
+                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, REGS: gl.constexpr):
+    """1-D grid over n_work = n_m Q tiles x batch x nheads work items (see _tile), program p taking items
+    p, p + grid, ... (a persistent grid: the loader fetches the next item's tiles during this one's tail).
+    A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b] (varlen) of its 2-D
+    view, at column h·col_h."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_free.index(i), count=2)
 
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(q_bar.index(i), count=1)
-            mbarrier.init(turn.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_free.index(i), count=2)
-
-        o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-        if IS_VARLEN:
-            o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
-            lse_offset = h.to(gl.int64) * stride_lh + q_row
-        HALF_M: gl.constexpr = BLOCK_M // 2
-        MAY_BE_EMPTY: gl.constexpr = CAUSAL or IS_VARLEN  # rows whose first tile has no key to see
-        gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, turn, O, LSE, o_offset,
-                         lse_offset, stride_on, start_m, seqlen_q, seqlen_k, diag, n_tiles, n_full, qk_scale, HEAD_DIM,
-                         HALF_M, BLOCK_N, STAGES, CAUSAL, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, turn, O, LSE, o_offset,
-                         lse_offset, stride_on, start_m, seqlen_q, seqlen_k, diag, n_tiles, n_full, qk_scale, HEAD_DIM,
-                         HALF_M, BLOCK_N, STAGES, CAUSAL, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV)),
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free,
-                               q_row + start_m, h * q_col_h, k_row, h_k * k_col_h, n_tiles, BLOCK_N, STAGES)),
-        ], [4, 1], [REGS, 24])
+    MAY_BE_EMPTY: gl.constexpr = CAUSAL or IS_VARLEN  # rows whose first tile has no key to see
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
+                         cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
+                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                         OVERLAP_PV)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
+                         cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
+                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                         OVERLAP_PV)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
+                           cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
+                           seqlen_q, seqlen_k, nheads, group, n_m, n_work, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                           BOTTOM_RIGHT, IS_VARLEN)),
+    ], [4, 1], [REGS, 24])
 
 
 def _layout(t, varlen):
@@ -275,6 +326,11 @@ def _descriptor(t, block_shape, layout):
 
 
 @functools.lru_cache(maxsize=None)
+def _num_sms(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+@functools.lru_cache(maxsize=None)
 def _smem_layout(block, head_dim, dtype):
     return gl.NVMMASharedLayout.get_default_for([block, head_dim], dtype)
 
@@ -298,9 +354,12 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         o_strides = (out.stride(0), out.stride(1), out.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
-    grid = (cdiv(seqlen_q, config.block_m), batch * nheads)
+    n_m = cdiv(seqlen_q, config.block_m)
+    n_work = n_m * batch * nheads
+    grid = (min(n_work, _num_sms(q.device)) if config.persistent else n_work, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, softmax_scale * LOG2E)
+            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_work,
+            softmax_scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
                   OVERLAP_PV=config.overlap_pv, REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
