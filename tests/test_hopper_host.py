@@ -70,11 +70,12 @@ def test_launch_arguments():
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
     cfg = configs.FWD_HOPPER[(128, True)]
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
-    n_work = -(-seqlen // cfg.block_m) * batch * nheads
-    assert grid == (n_work, )  # one program per work item
+    n_m = -(-seqlen // cfg.block_m)
+    n_pairs = -(-n_m // 2) * batch * nheads
+    assert grid == (n_pairs, )  # one program per pair of Q tiles
     persistent = dataclasses.replace(cfg, persistent=True)
     assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
-        min(n_work, 132), )  # at most one program per SM (132 stands in for a CPU tensor's device)
+        min(n_pairs, 132), )  # at most one program per SM (132 stands in for a CPU tensor's device)
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [cfg.block_m // 2, head_dim]  # half the rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
@@ -84,4 +85,4 @@ def test_launch_arguments():
     assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
     assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
     assert named["seqlen_q"] == named["seqlen_k"] == seqlen
-    assert named["n_work"] == n_work and named["n_m"] == -(-seqlen // cfg.block_m)
+    assert named["n_pairs"] == n_pairs and named["n_m"] == n_m

@@ -1,7 +1,8 @@
 """FlashAttention forward for Hopper (sm90), warp-specialized, in Gluon.
 
-A work item is a 128-row Q tile of one head; a program takes one item, or (persistent) one program per SM
-walks items p, p + grid, ... so that the next item's loads overlap this one's tail. A loader warp streams
+A work item is a 128-row Q tile of one head; a program takes a pair of them (a heavy and a light one under a
+causal mask), or (persistent) one program per SM walks pairs p, p + grid, ...; either way the next item's
+loads overlap this one's tail. A loader warp streams
 each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
 stage guarded by mbarriers (K ready, V ready, stage free). Two consumer warpgroups, 64 rows each, run the
 matrix products as asynchronous wgmma and the online softmax in registers (240 registers each, the loader
@@ -32,14 +33,20 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _tile(t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-          seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-          IS_VARLEN: gl.constexpr):
-    """Work item t: a BLOCK_M-row Q tile of one head, the tiles of a head in a row, heavy (causal) ones first.
-    Returns its first row, batch, head, both sequences' first rows and lengths in the 2-D views, the causal
-    offset, the K/V tiles it visits and how many of them are whole."""
-    bh = t // n_m
-    start_m = (n_m - 1 - t % n_m) * BLOCK_M
+def _tile(pair, side, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+          seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """Work item ``side`` (0, 1) of ``pair``: a BLOCK_M-row Q tile of one head. Pair j of a head holds its
+    Q tiles n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the
+    pairs of a head are neighbours, so programs running at once share its K and V in L2. Returns the tile's
+    first row (past the sequence for the second side of an odd middle pair), batch, head, both sequences'
+    first rows and lengths in the 2-D views, the causal offset, the K/V tiles it visits and how many of
+    them are whole."""
+    n_half = (n_m + 1) // 2
+    bh = pair // n_half
+    j = pair % n_half
+    m = j + (1 - side) * (n_m - 1 - 2 * j) + side * (2 * j == n_m - 1).to(gl.int32) * (n_m - j)
+    start_m = m * BLOCK_M
     b = bh // nheads
     h = bh % nheads
     q_row = b * q_rows_b + h * q_rows_h
@@ -63,16 +70,17 @@ def _tile(t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
                     cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
-                    seqlen_k, nheads, group, n_m, n_work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr):
     """One warp: for each work item of this program, each consumer's Q rows once that consumer freed the
     previous ones, then K and V of each tile into the next ring stage once both consumers freed it."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
-    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            gl.program_id(0) + w // 2 * gl.num_programs(0), w % 2, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k,
+            q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT,
+            IS_VARLEN)
         if start_m < sq:
             for i in gl.static_range(2):
                 mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
@@ -122,7 +130,7 @@ def _pass_turn(turn, half: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
               cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-              stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale,
+              stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
               PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr):
@@ -142,10 +150,11 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
-    for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            t, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            gl.program_id(0) + w // 2 * gl.num_programs(0), w % 2, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k,
+            q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT,
+            IS_VARLEN)
         if start_m < sq:
             offs_m = start_m + half * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -222,14 +231,14 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
 @gluon.jit
 def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                             k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                            seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale, HEAD_DIM: gl.constexpr,
+                            seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, REGS: gl.constexpr):
-    """1-D grid over n_work = n_m Q tiles x batch x nheads work items (see _tile), program p taking items
-    p, p + grid, ... (a persistent grid: the loader fetches the next item's tiles during this one's tail).
-    A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b] (varlen) of its 2-D
-    view, at column h·col_h."""
+    """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
+    takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
+    this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
+    (varlen) of its 2-D view, at column h·col_h."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -252,17 +261,17 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
                          cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale, HEAD_DIM,
+                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
                          OVERLAP_PV)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
                          cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_work, qk_scale, HEAD_DIM,
+                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
                          OVERLAP_PV)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
                            cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-                           seqlen_q, seqlen_k, nheads, group, n_m, n_work, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                           seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                            BOTTOM_RIGHT, IS_VARLEN)),
     ], [4, 1], [REGS, 24])
 
@@ -355,10 +364,10 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         o_strides = (out.stride(0), out.stride(1), out.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
     n_m = cdiv(seqlen_q, config.block_m)
-    n_work = n_m * batch * nheads
-    grid = (min(n_work, _num_sms(q.device)) if config.persistent else n_work, )
+    n_pairs = cdiv(n_m, 2) * batch * nheads
+    grid = (min(n_pairs, _num_sms(q.device)) if config.persistent else n_pairs, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_work,
+            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_pairs,
             softmax_scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
