@@ -51,23 +51,23 @@ class HopperFwdConfig:
     maxnreg: int = 168  # the kernel's cap at entry: 12 warps x 32 x 168 fit the 64K-register file
     pingpong: bool = True  # the two consumer warpgroups take turns issuing their products
     overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1
-    persistent: bool = False  # one program per SM looping over the work items (else one per item)
+    persistent: bool = False  # one program per SM looping over pairs of Q tiles (else one per pair)
+    persistent_max_seqlen: int = 1 << 31  # ... when the longest query sequence is at most this long
 
 
 # sm90, bf16/fp16, keyed (head dim, causal). `python -m flashtile.bench.tune --hopper` on 2026-11-29
-# (docs/results/tune-hopper-v2.md, v3.md): 128 query rows (64 per consumer warpgroup), 128-key tiles, ping-pong
-# and three K/V stages: D=128 647 TFLOP/s mean non-causal (two stages 531-550, 64-key tiles 495). Then
-# (tune-hopper-v3.md, N = 1k/2k/4k/16k) the softmax under the previous tile's P·V and a persistent grid:
-# non-causal 543/614/587/620 against 480/568/570/607 without either. Causal keeps one program per work item
-# (a static round-robin of its uneven items left SMs idle: 415 against 583 at 16k) and no overlap: that gained
-# 1-2 % in one sweep (tune-hopper-v3-overlap.md), lost 1-4 % in another with the persistent grid, and its
-# masked scores spill 104 bytes (ptxas -v). D=256 fits two 64-key
-# stages beside its 64 KB Q tile (not swept). D=64 is left to the portable kernel: in the same-run benchmark
-# (docs/results/bench-v4.md) this kernel was behind it at N <= 2048 and even at 16k (445 mean; persistent:
-# tune-hopper-v3-d64.md, 388/442/446 at 1k/4k/16k).
+# (docs/results/tune-hopper-v2.md): 128 query rows (64 per consumer warpgroup), 128-key tiles, ping-pong and
+# three K/V stages: D=128 647 TFLOP/s mean non-causal (two stages 531-550, 64-key tiles 495). Then
+# (tune-hopper-v4-pairs.md, N = 1k/2k/4k/16k; programs take pairs of Q tiles of equal causal work):
+# non-causal, the persistent grid with the softmax under the previous P·V: 547/625/601/629 against
+# 501/582/595/609 with neither. Causal, the persistent grid without the overlap: 396/503/546/588 against
+# 355/471/536/617 with one program per pair, so persistent only up to 4k query rows (the overlap: 355/482/
+# 533/612, and 104 bytes of spills). D=256 fits two 64-key stages beside its 64 KB Q tile (not swept).
+# D=64 is left to the portable kernel: in the same-run benchmark (docs/results/bench-v4.md) this kernel was
+# behind it at N <= 2048 and even at 16k (445 mean; persistent: tune-hopper-v3-d64.md, 388/442/446).
 FWD_HOPPER = {
     (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True),
-    (128, True): HopperFwdConfig(128, 128, 3),
+    (128, True): HopperFwdConfig(128, 128, 3, persistent=True, persistent_max_seqlen=4096),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }

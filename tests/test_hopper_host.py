@@ -76,6 +76,8 @@ def test_launch_arguments():
     persistent = dataclasses.replace(cfg, persistent=True)
     assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
         min(n_pairs, 132), )  # at most one program per SM (132 stands in for a CPU tensor's device)
+    shorter = dataclasses.replace(persistent, persistent_max_seqlen=seqlen - 1)  # persistent up to shorter rows
+    assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [cfg.block_m // 2, head_dim]  # half the rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]

@@ -365,7 +365,8 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         lse_strides = (lse.stride(0), lse.stride(1))
     n_m = cdiv(seqlen_q, config.block_m)
     n_pairs = cdiv(n_m, 2) * batch * nheads
-    grid = (min(n_pairs, _num_sms(q.device)) if config.persistent else n_pairs, )
+    persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
+    grid = (min(n_pairs, _num_sms(q.device)) if persistent else n_pairs, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_pairs,
             softmax_scale * LOG2E)
