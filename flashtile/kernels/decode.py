@@ -4,13 +4,14 @@ partial results exactly by their log-sum-exp.
 ``flash_decode_split_kernel``: a program owns (chunk, batch, KV head) and reads its slice of the cache
 once for every query head of the group and every new query token: those rows are packed together as
 the M dimension (GQA packing), row r = token (r // group), head h_k·group + (r % group). It writes a
-float32 partial O (normalized within the chunk) and the chunk's LSE.
-``combine_kernel``: O = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s); −inf partials weigh 0.
+float32 partial O (normalized within the chunk) and the chunk's LSE; the last chunk of a row tile to
+finish merges them (``merge_rows``: O = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s), −inf
+partials weigh 0), so a decode step is one launch. ``combine_kernel`` runs the same merge over partials
+users bring (``flashtile.combine``).
 
 The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through ``cache_batch_idx`` (else
-row b), or
-paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b lives in
-page block_table[b, j // page_size] at offset j % page_size.
+row b), or paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b
+lives in page block_table[b, j // page_size] at offset j % page_size.
 """
 import torch
 import triton
@@ -96,8 +97,6 @@ def flash_decode_split_kernel(
     empty = l_i == 0.0
     acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    out_rows = b * stride_out_b + token * stride_out_t + head * stride_out_h  # [BLOCK_M]
-    lse_rows = b * stride_lse_b + head * stride_lse_h + token
     if SPLIT:
         o_rows = b * stride_ob + token * stride_ot + head * stride_oh
         l_rows = b * stride_lb + head * stride_lh + token
@@ -119,9 +118,10 @@ def flash_decode_split_kernel(
                            b * stride_lse_b + hq * stride_lse_h + t, r < n_rows, tl.num_programs(0), stride_os,
                            stride_ls, HEAD_DIM, HEAD_DIM_PAD, BLOCK_S)
     else:
+        out_rows = b * stride_out_b + token * stride_out_t + head * stride_out_h  # [BLOCK_M]
         tl.store(Out + out_rows[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(LSE + lse_rows, lse, mask=row_ok)
+        tl.store(LSE + b * stride_lse_b + head * stride_lse_h + token, lse, mask=row_ok)
 
 
 @triton.jit
