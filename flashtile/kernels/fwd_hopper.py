@@ -33,15 +33,17 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _tile(pair, side, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-          seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr):
-    """Work item ``side`` (0, 1) of ``pair``: a BLOCK_M-row Q tile of one head. Pair j of a head holds its
-    Q tiles n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the
-    pairs of a head are neighbours, so programs running at once share its K and V in L2. Returns the tile's
-    first row (past the sequence for the second side of an odd middle pair), batch, head, both sequences'
-    first rows and lengths in the 2-D views, the causal offset, the K/V tiles it visits and how many of
-    them are whole."""
+def _tile(w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+          seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+          IS_VARLEN: gl.constexpr):
+    """This program's w-th work item: side w % 2 of pair program_id + (w // 2)·grid, a BLOCK_M-row Q tile of
+    one head. Pair j of a head holds its Q tiles n_m − 1 − j and j, so under a causal mask every pair costs
+    the same (n_m + 1 K/V tiles); the pairs of a head are neighbours, so programs running at once share its
+    K and V in L2. Returns the tile's first row (past the sequence for the second side of an odd middle
+    pair), batch, head, both sequences' first rows and lengths in the 2-D views, the causal offset, the K/V
+    tiles it visits and how many of them are whole."""
+    pair = gl.program_id(0) + w // 2 * gl.num_programs(0)
+    side = w % 2
     n_half = (n_m + 1) // 2
     bh = pair // n_half
     j = pair % n_half
@@ -76,11 +78,10 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
     previous ones, then K and V of each tile into the next ring stage once both consumers freed it."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
-    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):
+    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):  # this program's items
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            gl.program_id(0) + w // 2 * gl.num_programs(0), w % 2, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k,
-            q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT,
-            IS_VARLEN)
+            w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
         if start_m < sq:
             for i in gl.static_range(2):
                 mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
@@ -150,11 +151,10 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
-    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):
+    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):  # this program's items
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            gl.program_id(0) + w // 2 * gl.num_programs(0), w % 2, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k,
-            q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT,
-            IS_VARLEN)
+            w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
         if start_m < sq:
             offs_m = start_m + half * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
