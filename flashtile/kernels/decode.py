@@ -197,7 +197,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     left, right = window_size
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
-    block_m = min(128, max(16, next_pow2(group * seqlen_q)))
+    block_m = _block_m(group, seqlen_q)
     pad = max(16, next_pow2(head_dim))
     use_tma = not paged and tma_addressable(k_cache) and tma_addressable(v_cache)
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad) if use_tma else (
@@ -222,7 +222,12 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
         num_stages=config.num_stages)
 
 
+def _block_m(group, seqlen_q):
+    """Query rows per program: the group's heads times the new tokens, 16 to 128 (a tile of a dot)."""
+    return min(128, max(16, next_pow2(group * seqlen_q)))
+
+
 def arrival_slots(batch, nheads_k, nheads, seqlen_q):
     """How many arrival counters launch_decode uses: one per (batch, KV head, tile of query rows)."""
     group = nheads // nheads_k
-    return batch * nheads_k * cdiv(group * seqlen_q, min(128, max(16, next_pow2(group * seqlen_q))))
+    return batch * nheads_k * cdiv(group * seqlen_q, _block_m(group, seqlen_q))
