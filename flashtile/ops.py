@@ -15,7 +15,7 @@ from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
 from .kernels.decode import arrival_slots, launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
-from .kernels.tiles import cdiv, head_dim_pad, tma_addressable
+from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
 def _tma_ready(t):
     """``t`` itself when a tensor descriptor can address it, else a fresh contiguous copy."""
@@ -184,13 +184,6 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
     return _fwd_impl(*args)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device):
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table):
     """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place."""
     positions = cache_seqlens[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [batch, seqlen_new]
@@ -212,7 +205,7 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     batch, seqlen_q, nheads, head_dim = q.shape
     config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
     if num_splits <= 0:
-        num_splits = configs.decode_splits(batch * k_cache.shape[2], capacity, _num_sms(q.device))
+        num_splits = configs.decode_splits(batch * k_cache.shape[2], capacity, num_sms(q.device))
     chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)

@@ -8,6 +8,7 @@ import torch
 
 from flashtile import configs, ops
 from flashtile.kernels import fwd_hopper
+from flashtile.kernels.tiles import num_sms
 
 
 def _rows(view, row_base, col, n, head_dim):
@@ -68,14 +69,14 @@ def test_launch_arguments():
     q = torch.randn(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
     k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
-    cfg = configs.FWD_HOPPER[(128, True)]
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], persistent=False)
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
     n_m = -(-seqlen // cfg.block_m)
     n_pairs = -(-n_m // 2) * batch * nheads
     assert grid == (n_pairs, )  # one program per pair of Q tiles
     persistent = dataclasses.replace(cfg, persistent=True)
     assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
-        min(n_pairs, 132), )  # at most one program per SM (132 stands in for a CPU tensor's device)
+        min(n_pairs, num_sms(q.device)), )  # at most one program per SM
     shorter = dataclasses.replace(persistent, persistent_max_seqlen=seqlen - 1)  # persistent up to shorter rows
     assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
     q_desc, k_desc, v_desc = args[:3]

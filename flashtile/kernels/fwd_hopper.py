@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .online_softmax import online_softmax_step
-from .tiles import cdiv
+from .tiles import cdiv, num_sms
 
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
@@ -335,11 +335,6 @@ def _descriptor(t, block_shape, layout):
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device):
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
-@functools.lru_cache(maxsize=None)
 def _smem_layout(block, head_dim, dtype):
     return gl.NVMMASharedLayout.get_default_for([block, head_dim], dtype)
 
@@ -366,7 +361,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     n_m = cdiv(seqlen_q, config.block_m)
     n_pairs = cdiv(n_m, 2) * batch * nheads
     persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
-    grid = (min(n_pairs, _num_sms(q.device)) if persistent else n_pairs, )
+    grid = (min(n_pairs, num_sms(q.device)) if persistent else n_pairs, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_pairs,
             softmax_scale * LOG2E)

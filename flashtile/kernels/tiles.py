@@ -5,6 +5,9 @@ The band: query i may see key j when i + diag - left <= j <= i + diag + right (e
 MASK_* flag is set) and j < seqlen. A kernel that owns keys and iterates queries uses the same helpers
 with diag -> -diag and the sides swapped.
 """
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
@@ -119,6 +122,12 @@ def host_descriptors(tensors_and_blocks, head_dim_pad):
         desc.block_shape, desc.padding = [1, block, 1, head_dim_pad], "zero"
         descs.append(desc)
     return tuple(descs)
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device):
+    """The device's SM count; 4 for the CPU (the interpreter), so that grids sized by it stay small there."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def cdiv(a, b):
