@@ -104,9 +104,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table)
         seqlens = seqlens + k.shape[1]
-    with torch.no_grad():
-        out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
-                                       num_splits)
+    out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
+                                   num_splits)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -53,6 +53,8 @@ class HopperFwdConfig:
     overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1
     persistent: bool = False  # one program per SM looping over pairs of Q tiles (else one per pair)
     persistent_max_seqlen: int = 1 << 31  # ... when the longest query sequence is at most this long
+    exp2_fma: int = 0  # one in this many exponentials of P by polynomial on the FMA units (0: none)
+    min_seqlen_q: int = 0  # below this many query rows (the longest sequence) the portable kernel runs instead
 
 
 # sm90, bf16/fp16, keyed (head dim, causal). `python -m flashtile.bench.tune --hopper` on 2026-11-29
@@ -63,9 +65,11 @@ class HopperFwdConfig:
 # 501/582/595/609 with neither. Causal, the persistent grid without the overlap: 396/503/546/588 against
 # 355/471/536/617 with one program per pair, so persistent only up to 4k query rows (the overlap: 355/482/
 # 533/612, and 104 bytes of spills). D=256 fits two 64-key stages beside its 64 KB Q tile (not swept).
-# D=64 is left to the portable kernel: in the same-run benchmark (docs/results/bench-v4.md) this kernel was
-# behind it at N <= 2048 and even at 16k (445 mean; persistent: tune-hopper-v3-d64.md, 388/442/446).
+# D=64 (docs/results/bench-v7.md, same run as the portable kernel, N = 1k/2k/4k/8k/16k): non-causal, the
+# persistent grid with the overlap 387/423/434/443/448 against the portable 426/414/422/429/437, so from 2k
+# query rows; causal 284/357/395/420/438 against 325/361/392/438/425, no clear win: causal stays portable.
 FWD_HOPPER = {
+    (64, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, min_seqlen_q=2048),
     (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True),
     (128, True): HopperFwdConfig(128, 128, 3, persistent=True, persistent_max_seqlen=4096),
     (256, False): HopperFwdConfig(128, 64, 2),

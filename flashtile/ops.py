@@ -68,7 +68,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     if seqlen_k == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     if config is None:
-        config = _hopper_config(q, k, v, window_size)
+        config = _hopper_config(q, k, v, window_size, max_seqlen_q if packed else q.shape[1])
     if isinstance(config, configs.HopperFwdConfig):
         from .kernels.fwd_hopper import launch_fwd_hopper
         launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
@@ -87,12 +87,13 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     return out, lse
 
 
-def _hopper_config(q, k, v, window_size):
-    """The sm90 warp-specialized forward's config when it covers the call, else None."""
+def _hopper_config(q, k, v, window_size, seqlen_q=None):
+    """The sm90 warp-specialized forward's config when it covers the call (``seqlen_q``: the longest query
+    sequence, q.shape[1] by default), else None."""
     if configs.FWD_BACKEND == "portable" or _arch(q.device) != (9, 0) or interpreter_enabled():
         return None
     config = configs.FWD_HOPPER.get((q.shape[-1], _is_causal(window_size)))
-    if config is None:
+    if config is None or (q.shape[1] if seqlen_q is None else seqlen_q) < config.min_seqlen_q:
         return None
     from .kernels.fwd_hopper import supports
     return config if supports(q, k, v, window_size) else None

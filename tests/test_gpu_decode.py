@@ -55,3 +55,35 @@ def test_decode_under_cuda_graph():
     graph.replay()
     ref, _, base = expected(q, k_cache, v_cache, [4000])
     assert_attention_close(out, ref, base)
+
+
+@pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "page16"])
+def test_decode_loop_replays_see_each_steps_tensors(page_size):
+    """A decode loop keeps its shapes, so after the first step every launch is a replay (kernels/replay.py):
+    each step's q, new keys and lengths must be the ones read, and a second cache of the same shape (another
+    address, so another launch key) must be read, not the first."""
+    from flashtile.kernels import decode
+    batch, capacity, nheads, nheads_k, head_dim = 2, 8192, 32, 8, 128
+    for cache_round in range(2):
+        k_full, v_full = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lengths = [100, 5000]
+        if page_size:
+            k_cache, table = paged(k_full, page_size)
+            v_cache = torch.empty_like(k_cache)
+            v_cache[table.flatten().long()] = v_full.reshape(-1, page_size, nheads_k, head_dim)
+        else:
+            k_cache, v_cache, table = k_full.clone(), v_full.clone(), None
+        for step in range(4):
+            q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)
+            k_new, v_new = (randn(batch, 1, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+            seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+            keys_before = set(decode._REPLAYS.replays)
+            out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=seqlens,
+                                                    block_table=table)
+            if step:
+                assert set(decode._REPLAYS.replays) == keys_before, "a step with unchanged shapes was not replayed"
+            for b, n in enumerate(lengths):
+                k_full[b, n], v_full[b, n] = k_new[b, 0], v_new[b, 0]
+            lengths = [n + 1 for n in lengths]
+            ref, _, base = expected(q, k_full, v_full, lengths)
+            assert_attention_close(out, ref, base)

@@ -1,4 +1,6 @@
 """GPU tier (`pytest -m gpu`): real sizes, bf16 and fp16, against the float64 reference."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def test_hopper_kernel_covers_the_common_layouts(forward_backend):
     """The Hopper kernel, not the fallback, runs the shapes users time: flash-attn and SDPA layouts, GQA."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel is for sm90")
-    for head_dim in (64, 128, 256):  # D=64 stays on the portable kernel (faster there: configs.FWD_HOPPER)
+    for head_dim in (64, 128, 256):  # D=64 only from 2048 query rows, non-causal (configs.FWD_HOPPER)
         for dtype in LOW:
             q = randn(2, 1000, 8, head_dim, dtype=dtype)
             k = randn(2, 1000, 2, head_dim, dtype=dtype)
@@ -110,3 +112,25 @@ def test_large_logits_bf16():
     out = flashtile.flash_attn_func(q, k, v, causal=True)
     ref, _ = reference.attention(q, k, v, causal=True)
     assert_attention_close(out, ref, torch_attention(q, k, v, True))
+
+
+@pytest.mark.parametrize("every", [2, 4], ids=lambda e: f"fma1of{e}")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_exp2_on_fma_units(every, head_dim, causal, forward_backend, monkeypatch):
+    """Part of P's exponentials by polynomial (configs.HopperFwdConfig.exp2_fma): the same error bound, and
+    rows that see no key (causal with Nq > Nk, empty sequences) still give O = 0 and LSE = -inf."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    base = configs.FWD_HOPPER.get((128, causal))
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): dataclasses.replace(base, exp2_fma=every)})
+    check(2, 1500, 700, 8, 2, head_dim, torch.bfloat16, causal)
+    check(1, 4096, 4096, 4, 4, head_dim, torch.float16, causal)
+    seqlens_q, seqlens_k = [300, 0, 2048, 77], [129, 40, 2048, 0]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, head_dim, torch.bfloat16)
+    assert ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                       causal=causal, return_attn_probs=True)
+    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
+    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)

@@ -89,3 +89,27 @@ def test_launch_arguments():
     assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
     assert named["seqlen_q"] == named["seqlen_k"] == seqlen
     assert named["n_pairs"] == n_pairs and named["n_m"] == n_m
+
+
+def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
+    """On sm90 (pretended here) D=64 non-causal takes the Hopper kernel from configs' min_seqlen_q query rows
+    (the longest sequence when packed), D=64 causal never, D=128 always."""
+    monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
+    monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
+    threshold = configs.FWD_HOPPER[(64, False)].min_seqlen_q
+    assert threshold > 1
+
+    def picked(seqlen, head_dim, causal, packed_max=None):
+        q = torch.randn(1, seqlen, 2, head_dim, dtype=torch.bfloat16)
+        if packed_max is not None:
+            q = q[0]
+        return ops._hopper_config(q, q, q, (-1, 0) if causal else (-1, -1), packed_max)
+
+    ok = fwd_hopper.GLUON_VERSION_OK
+    assert picked(threshold - 1, 64, False) is None
+    assert (picked(threshold, 64, False) is not None) == ok
+    assert picked(threshold, 64, True) is None
+    assert (picked(threshold, 64, False, packed_max=threshold) is not None) == ok
+    assert picked(threshold, 64, False, packed_max=threshold - 1) is None
+    assert (picked(16, 128, False) is not None) == ok

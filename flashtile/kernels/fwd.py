@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .online_softmax import online_softmax_step
+from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     q_tile_program, sequence_desc, store_tile)
 
@@ -89,14 +90,27 @@ def flash_fwd_kernel(
         tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
 
 
+_REPLAYS = Replays()
+
+
 def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
                bottom_right, config):
     """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
-    seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q)."""
+    seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). The first call
+    of a launch key goes through Triton; later ones replay it (kernels/replay.py)."""
+    is_varlen = cu_seqlens_q is not None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
+           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, window_size,
+           bottom_right, config, aligned(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k))
+    replay = _REPLAYS.get(key)
+    if replay is not None:
+        tensors = (q, k, v, out) if is_varlen else (detach_descriptor(d, t) for d, t in zip(replay.descriptors,
+                                                                                           (q, k, v, out)))
+        replay.run(q.device, *tensors, lse, cu_seqlens_q, cu_seqlens_k)
+        return
     nheads, head_dim = q.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
     left, right = window_size
-    is_varlen = cu_seqlens_q is not None
     if is_varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
         args = (q, k, v, out)
@@ -108,12 +122,13 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
         lse_strides = (lse.stride(0), lse.stride(1))
     strides = [s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2))]
     grid = (cdiv(seqlen_q, config.block_m), batch * nheads)
-    flash_fwd_kernel[grid](
-        *args, lse, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
-        seqlen_q, seqlen_k, nheads, nheads // k.shape[-2], softmax_scale * LOG2E,
-        max(left, 0), max(right, 0),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
-        DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    args = (*args, lse, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides, seqlen_q, seqlen_k, nheads,
+            nheads // k.shape[-2], softmax_scale * LOG2E, max(left, 0), max(right, 0))
+    kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                  IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+                  DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
+                  num_stages=config.num_stages)
+    replay = Replay(flash_fwd_kernel, grid, args, kwargs, ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
+    if replay.compiled is not None and not is_varlen:
+        replay.descriptors = [detach_descriptor(d) for d in args[:4]]
+    _REPLAYS.put(key, replay)

@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .online_softmax import online_softmax_step
+from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import cdiv, num_sms
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -134,7 +135,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
               stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
-              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr):
+              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr):
     """One warpgroup, half of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroup's products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -171,7 +172,8 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
             if n_tiles == 1:
                 mbarrier.arrive(q_free.index(half))
             p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                       CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
+                                                                       CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                     EXP2_FMA)
             for j in range(1, n_tiles):
                 stage = (g + j) % STAGES
                 prev = (g + j - 1) % STAGES
@@ -189,7 +191,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
                         mbarrier.arrive(q_free.index(half))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
-                                                             MAY_BE_EMPTY)
+                                                             MAY_BE_EMPTY, EXP2_FMA)
                     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                     mbarrier.arrive(kv_free.index(prev))
                 else:
@@ -199,7 +201,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
                     mbarrier.arrive(kv_free.index(prev))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
-                                                             MAY_BE_EMPTY)
+                                                             MAY_BE_EMPTY, EXP2_FMA)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             last = (g + n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((g + n_tiles - 1) // STAGES) & 1)
@@ -234,7 +236,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
                             seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, REGS: gl.constexpr):
+                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
+                            REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -263,12 +266,12 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
                          cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
                          stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                         OVERLAP_PV)),
+                         OVERLAP_PV, EXP2_FMA)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
                          cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
                          stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                         OVERLAP_PV)),
+                         OVERLAP_PV, EXP2_FMA)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
                            cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
                            seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
@@ -280,16 +283,21 @@ def _layout(t, varlen):
     """((rows, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
     reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim)
     strides; None for any other."""
-    head_dim = t.shape[-1]
-    if t.stride(-1) != 1:
+    return _layout_of(t.shape, t.stride(), varlen)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout_of(shape, stride, varlen):
+    head_dim = shape[-1]
+    if stride[-1] != 1:
         return None
     if varlen:
-        s_n, s_h = t.stride(0), t.stride(1)
-        if s_h != head_dim or s_n != t.shape[1] * head_dim:
+        s_n, s_h = stride[0], stride[1]
+        if s_h != head_dim or s_n != shape[1] * head_dim:
             return None
-        return (t.shape[0], s_n), 0, 0, head_dim
-    s_b, s_n, s_h = t.stride(0), t.stride(1), t.stride(2)
-    batch, seqlen, nheads = t.shape[:3]
+        return (shape[0], s_n), 0, 0, head_dim
+    s_b, s_n, s_h = stride[0], stride[1], stride[2]
+    batch, seqlen, nheads = shape[:3]
     if s_h == head_dim and s_n == nheads * head_dim and s_b == seqlen * s_n:
         return (batch * seqlen, s_n), seqlen, 0, head_dim
     if s_n == head_dim and s_h == seqlen * head_dim and s_b == nheads * s_h:
@@ -317,12 +325,29 @@ def supports(q, k, v, window_size):
             and all(t.data_ptr() % 16 == 0 and _layout(t, varlen) is not None for t in (q, k, v)))
 
 
+_REPLAYS = Replays()
+
+
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                       bottom_right, config):
-    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig."""
-    grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                     causal, bottom_right, config)
-    flash_fwd_hopper_kernel[grid](*args, **kwargs)
+    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
+    call of a launch key goes through Triton; later ones replay it (kernels/replay.py) with descriptors
+    of this call's tensors."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, out.stride(), lse.stride(),
+           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, causal, bottom_right,
+           config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k))
+    replay = _REPLAYS.get(key)
+    if replay is None:
+        grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                                         causal, bottom_right, config)
+        replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
+                        ["q_desc", "k_desc", "v_desc", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
+        if replay.compiled is not None:
+            replay.descriptors = [detach_descriptor(d) for d in args[:3]]
+        _REPLAYS.put(key, replay)
+    else:
+        descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, (q, k, v)))
+        replay.run(q.device, *descs, out, lse, cu_seqlens_q, cu_seqlens_k)
 
 
 def _descriptor(t, block_shape, layout):
@@ -367,5 +392,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
             softmax_scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                  OVERLAP_PV=config.overlap_pv, REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
+                  OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma, REGS=config.consumer_regs, num_warps=4,
+                  maxnreg=config.maxnreg)
     return grid, args, kwargs

@@ -1,0 +1,59 @@
+"""Instruction mix of the sm90 Hopper forward for one config, compiled here (no GPU: ptxas and cuobjdump ship
+with triton): how many SFU exponentials, FP32 and integer instructions the two consumers' code holds.
+
+    TRITON_INTERPRET=0 python scripts/sass_mix.py --head-dim 128 --exp2-fma 0 4 2
+"""
+import argparse
+import collections
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+import compile_sm90  # noqa: E402
+from flashtile import configs  # noqa: E402
+
+OPS = ["MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "LEA", "IMAD", "F2FP", "HGMMA"]
+
+
+def sass_of(head_dim, causal, cfg):
+    """Compile through compile_sm90's path, keeping the cubin that its ptxas call writes, and disassemble."""
+    run = subprocess.run
+    with tempfile.TemporaryDirectory() as tmp:
+        kept = os.path.join(tmp, "kept.cubin")
+
+        def keep(cmd, **kwargs):
+            result = run(cmd, **kwargs)
+            if isinstance(cmd, list) and "-v" in cmd and "-o" in cmd:
+                subprocess.run(["cp", cmd[cmd.index("-o") + 1], kept], check=True)
+            return result
+        subprocess.run = keep
+        try:
+            compile_sm90.compile_hopper_fwd(head_dim, causal, cfg)
+        finally:
+            subprocess.run = run
+        cuobjdump = os.path.join(os.path.dirname(compile_sm90._ptxas()), "cuobjdump")
+        return subprocess.run([cuobjdump, "-sass", kept], capture_output=True, text=True, check=True).stdout
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--exp2-fma", type=int, nargs="+", default=[0])
+    args = parser.parse_args()
+    base = configs.FWD_HOPPER[(args.head_dim, args.causal)]
+    print("| exp2_fma | " + " | ".join(OPS) + " |")
+    print("|---" * (len(OPS) + 1) + "|")
+    for every in args.exp2_fma:
+        sass = sass_of(args.head_dim, args.causal, dataclasses.replace(base, exp2_fma=every))
+        ops = collections.Counter(m.group(1).split(".")[0] for m in
+                                  re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
+        print(f"| {every} | " + " | ".join(str(ops[op]) for op in OPS) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Replayed launches (kernels/replay.py) and the once-per-signature input checks, on any machine. The
+replay of a real compiled kernel runs on the GPU (tests/test_gpu_decode.py); here a stand-in kernel records
+what its launcher would receive."""
+import inspect
+
+import pytest
+import torch
+
+import flashtile
+from flashtile.kernels import replay
+from helpers import DEVICE, randn
+
+
+class _Compiled:
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _Kernel:
+    """Stands for a JITFunction: (X, Y, n, BLOCK: constexpr, FLAG: constexpr = True)."""
+    arg_names = ["X", "Y", "n", "BLOCK", "FLAG"]
+    signature = inspect.signature(lambda X, Y, n, BLOCK, FLAG=True: None)
+
+    def __init__(self):
+        self.compiled = _Compiled()
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.compiled.calls.append((grid, args, kwargs))
+            return self.compiled
+        return launch
+
+
+def test_replay_puts_each_calls_tensors_in_the_kernels_order(monkeypatch):
+    monkeypatch.setattr(replay, "REPLAY_OK", True)
+    monkeypatch.setattr(replay, "_raw_stream", lambda index: 7)
+    kernel = _Kernel()
+    x0, y0, x1, y1 = (torch.zeros(1) for _ in range(4))
+    r = replay.Replay(kernel, (3, 2), (x0, y0, 5), dict(BLOCK=64, num_warps=4), ["X", "Y"])
+    assert kernel.compiled.calls == [((3, 2), (x0, y0, 5), dict(BLOCK=64, num_warps=4))]  # the first launch
+    assert r.values == [None, None, 5, 64, True]  # the first call's tensors are not kept
+    r.run(torch.device("cuda", 0), x1, y1)
+    grid_and_stream, launched = kernel.compiled.calls[-1][:4], kernel.compiled.calls[-1][4:]
+    assert grid_and_stream == (3, 2, 1, 7)
+    assert launched[:5] == ("function", "metadata", None, None, None)
+    assert launched[5] is x1 and launched[6] is y1 and launched[7:] == (5, 64, True)
+
+
+def test_replay_is_off_where_the_launch_returns_no_compiled_kernel():
+    class Interpreted(_Kernel):
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+    args = (torch.zeros(1), torch.zeros(1), 1)
+    assert replay.Replay(Interpreted(), (1, ), args, dict(BLOCK=16), ["X"]).compiled is None
+
+
+def test_a_detached_descriptor_keeps_the_address_not_the_tensor():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    t = torch.zeros(4, 16)
+    desc = TensorDescriptor(t, list(t.shape), list(t.stride()), [2, 16])
+    copy = replay.detach_descriptor(desc)
+    assert copy.base.data_ptr() == t.data_ptr() and not isinstance(copy.base, torch.Tensor)
+    assert (copy.shape, copy.strides, copy.block_shape) == (desc.shape, desc.strides, desc.block_shape)
+
+
+def test_value_checks_run_every_call_after_the_shapes_passed():
+    """The shape and type checks of flash_attn_with_kvcache run once per signature; the value checks (read on
+    the host) still run on every call, so a later call with lengths past the cache is refused."""
+    q = randn(2, 1, 4, 32, dtype=torch.float16)
+    k_cache, v_cache = (randn(2, 64, 2, 32, dtype=torch.float16) for _ in range(2))
+    ok = torch.tensor([64, 10], dtype=torch.int32, device=DEVICE)
+    flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=ok)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=ok + 1)
+    with pytest.raises(TypeError, match="k_cache"):  # another dtype: another signature, checked in full
+        flashtile.flash_attn_with_kvcache(q, k_cache.float(), v_cache.float(), cache_seqlens=ok)
