@@ -167,8 +167,8 @@ _KVCACHE_PASSED = {}  # the signature of every argument set whose shapes and typ
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
     """Shapes, dtypes and (outside tracing) values of flash_attn_with_kvcache's arguments.
     Returns (paged, capacity): capacity = keys one sequence's cache can hold. A decode loop passes the same
-    shapes every step, so the shape and type checks run once per signature (they cost more host time than
-    the replayed launch); the value checks run every call they are on."""
+    shapes every step, so the shape and type checks run once per signature; the value checks run on every
+    call while they are on."""
     key = (_signature(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table), interpreter_enabled())
     known = _KVCACHE_PASSED.get(key)
     if known is None:

@@ -49,6 +49,9 @@ def test_replay_puts_each_calls_tensors_in_the_kernels_order(monkeypatch):
     assert grid_and_stream == (3, 2, 1, 7)
     assert launched[:5] == ("function", "metadata", None, None, None)
     assert launched[5] is x1 and launched[6] is y1 and launched[7:] == (5, 64, True)
+    r.pin("n", 6)  # a value the caller fixes for every replay
+    r.run(torch.device("cuda", 0), x0, y0)
+    assert kernel.compiled.calls[-1][9:] == (x0, y0, 6, 64, True)
 
 
 def test_replay_is_off_where_the_launch_returns_no_compiled_kernel():

@@ -212,13 +212,13 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
         lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     else:
         out_part, lse_part = out, lse
-    tensors = (q, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx)
     if replay is None:
         replay = _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table,
                                batch_idx, num_splits, chunk, softmax_scale, window_size, config)
         _REPLAYS.put(key, replay)
     else:
-        replay.run(q.device, *tensors, *(() if replay.descriptors_kept else (k_cache, v_cache)))
+        caches = () if replay.descriptors else (k_cache, v_cache)
+        replay.run(q.device, q, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, *caches)
 
 
 def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
@@ -250,9 +250,10 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
                   num_stages=config.num_stages)
     slots = ["Q", "O_part", "LSE_part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx"]
     replay = Replay(flash_decode_split_kernel, grid, args, kwargs, slots + ([] if use_tma else ["K", "V"]))
-    replay.descriptors_kept = use_tma
     if use_tma and replay.compiled is not None:  # the key pins the caches' addresses: keep their descriptors
-        replay.values[1:3] = [detach_descriptor(d) for d in (k_arg, v_arg)]
+        replay.descriptors = [detach_descriptor(d) for d in (k_arg, v_arg)]
+        replay.pin("K", replay.descriptors[0])
+        replay.pin("V", replay.descriptors[1])
     return replay
 
 

@@ -60,20 +60,26 @@ class Replays:
 class Replay:
     """One launch of ``kernel`` (made now, through Triton's usual path) and its replays. ``slots`` names the
     arguments that change from call to call (tensors); ``run`` takes new values for them, in that order.
-    ``compiled`` is None where the launch cannot be replayed (the interpreter, another Triton)."""
+    ``compiled`` is None where the launch cannot be replayed (the interpreter, another Triton). ``descriptors``
+    holds the caller's host TMA descriptors of the first launch, detached (see detach_descriptor), if any."""
 
     def __init__(self, kernel, grid, args, kwargs, slots):
         compiled = kernel[grid](*args, **kwargs)
         self.compiled = compiled if REPLAY_OK and hasattr(compiled, "packed_metadata") else None
+        self.descriptors = None
         if self.compiled is None:
             return
-        names = kernel.arg_names
+        self.names = names = kernel.arg_names
         defaults = kernel.signature.parameters
         self.values = list(args) + [kwargs[n] if n in kwargs else defaults[n].default for n in names[len(args):]]
         self.slots = [names.index(s) for s in slots]
         for i in self.slots:  # each run brings its own; the first call's tensors may go
             self.values[i] = None
         self.grid = tuple(grid) + (1, ) * (3 - len(grid))
+
+    def pin(self, name, value):
+        """Replays pass ``value`` for argument ``name`` (instead of the first launch's)."""
+        self.values[self.names.index(name)] = value
 
     def run(self, device, *tensors):
         values = self.values.copy()
