@@ -2,6 +2,9 @@
 replay of a real compiled kernel runs on the GPU (tests/test_gpu_decode.py); here a stand-in kernel records
 what its launcher would receive."""
 import inspect
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -82,3 +85,10 @@ def test_value_checks_run_every_call_after_the_shapes_passed():
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=ok + 1)
     with pytest.raises(TypeError, match="k_cache"):  # another dtype: another signature, checked in full
         flashtile.flash_attn_with_kvcache(q, k_cache.float(), v_cache.float(), cache_seqlens=ok)
+
+
+def test_flashtile_replay_0_turns_replays_off():
+    code = "from flashtile.kernels import replay; print(replay.REPLAY_OK)"
+    env = dict(os.environ, FLASHTILE_REPLAY="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

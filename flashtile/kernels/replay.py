@@ -7,12 +7,15 @@ kernel's order, and ``run`` hands new tensors for the same places straight to th
 launcher. The caller keys replays by everything that fixes the other arguments and the kernel's
 specialization (shapes, strides, 16-byte alignment of each pointer, constexprs).
 """
+import os
+
 import torch
 import triton
 
 # The compiled kernel's launch call (CompiledKernel.run, .function, .packed_metadata) is Triton's internals:
-# replay only on the version it was written against; elsewhere every call takes kernel[grid](...).
-REPLAY_OK = triton.__version__.startswith("3.6.")
+# replay only on the version it was written against; elsewhere every call takes kernel[grid](...), as it
+# does with FLASHTILE_REPLAY=0.
+REPLAY_OK = triton.__version__.startswith("3.6.") and os.environ.get("FLASHTILE_REPLAY", "1") != "0"
 
 
 class _Address:
