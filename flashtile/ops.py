@@ -15,6 +15,7 @@ from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
 from .kernels.decode import arrival_slots, launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
+from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
 def _tma_ready(t):
@@ -225,7 +226,7 @@ _ARRIVALS = {}
 def _arrivals(device, count):
     """Zeroed int32 counters that the decode kernel leaves zeroed: one buffer per device and stream, grown on
     demand (calls on one stream run in order, so two never use a counter at the same time)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    key = (device, stream_handle(device) if device.type == "cuda" else 0)
     buf = _ARRIVALS.get(key)
     if buf is None or buf.numel() < count:
         buf = _ARRIVALS[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)

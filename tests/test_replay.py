@@ -41,7 +41,7 @@ class _Kernel:
 
 def test_replay_puts_each_calls_tensors_in_the_kernels_order(monkeypatch):
     monkeypatch.setattr(replay, "REPLAY_OK", True)
-    monkeypatch.setattr(replay, "_raw_stream", lambda index: 7)
+    monkeypatch.setattr(replay, "stream_handle", lambda device: 7)
     kernel = _Kernel()
     x0, y0, x1, y1 = (torch.zeros(1) for _ in range(4))
     r = replay.Replay(kernel, (3, 2), (x0, y0, 5), dict(BLOCK=64, num_warps=4), ["X", "Y"])

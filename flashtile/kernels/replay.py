@@ -89,8 +89,8 @@ class Replay:
         for i, t in zip(self.slots, tensors):
             values[i] = t
         compiled = self.compiled
-        stream = _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
-        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+        compiled.run(*self.grid, stream_handle(device), compiled.function, compiled.packed_metadata, None, None, None,
+                     *values)
 
 
 def can_replay():
@@ -99,5 +99,7 @@ def can_replay():
     return REPLAY_OK and not any(h is not None and getattr(h, "calls", True) for h in hooks)
 
 
-def _raw_stream(index):
-    return triton.runtime.driver.active.get_current_stream(index)
+def stream_handle(device):
+    """The current CUDA stream of ``device`` as the raw handle a launcher takes (no torch.cuda.Stream object)."""
+    return triton.runtime.driver.active.get_current_stream(
+        device.index if device.index is not None else torch.cuda.current_device())
