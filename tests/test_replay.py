@@ -92,3 +92,33 @@ def test_flashtile_replay_0_turns_replays_off():
     env = dict(os.environ, FLASHTILE_REPLAY="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_raw_launch_passes_what_tritons_own_launcher_would():
+    """_RawLaunch builds the C launch arguments once; they must equal what Triton's CudaLauncher and its
+    descriptor wrapper build on every call: a pinned descriptor (encoded once) and a per-call one."""
+    from triton.backends.nvidia import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    seen = []
+    signature = {"X": "*bf16", "D": "tensordesc<bf16[64, 128]>", "E": "tensordesc<bf16[64, 128]>", "n": "i32",
+                 "C": "constexpr"}
+    wrapped = driver.wrap_handle_tensordesc(lambda *args: seen.append(args), signature, None)
+    launcher = object.__new__(driver.CudaLauncher)
+    launcher.launch, launcher.global_scratch_size, launcher.profile_scratch_size = wrapped, 0, 0
+    launcher.launch_cooperative_grid, launcher.launch_pdl, launcher.num_ctas = False, False, 1
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+
+    class Compiled:
+        run, function, packed_metadata = launcher, 11, (4, 1, 0)
+
+    t, u = torch.zeros(64, 128, dtype=torch.bfloat16), torch.ones(64, 128, dtype=torch.bfloat16)
+    pinned = replay.detach_descriptor(TensorDescriptor(t, [64, 128], [128, 1], [64, 128]))
+    per_call = TensorDescriptor(u, [64, 128], [128, 1], [64, 128])
+    values = [None, pinned, None, 7, 64]  # X and E come with each call
+    raw = replay._RawLaunch(Compiled, values, [0, 2])
+    raw((3, 1, 1), 5, (t, per_call))
+    by_raw = seen.pop()
+    launcher(3, 1, 1, 5, 11, (4, 1, 0), None, None, None, t, pinned, per_call, 7, 64)
+    by_triton = seen.pop()
+    assert len(by_raw) == len(by_triton)
+    assert all(a is b or a == b for a, b in zip(by_raw, by_triton))

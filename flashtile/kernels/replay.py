@@ -57,6 +57,7 @@ class Replays:
         if replay.compiled is not None and can_replay():
             if len(self.replays) >= self.maxsize:
                 self.replays.clear()
+            replay.prepare_raw()
             self.replays[key] = replay
 
 
@@ -79,18 +80,78 @@ class Replay:
         for i in self.slots:  # each run brings its own; the first call's tensors may go
             self.values[i] = None
         self.grid = tuple(grid) + (1, ) * (3 - len(grid))
+        self.raw = None  # set by prepare_raw once the template is final
 
     def pin(self, name, value):
         """Replays pass ``value`` for argument ``name`` (instead of the first launch's)."""
         self.values[self.names.index(name)] = value
+        self.raw = None
+
+    def prepare_raw(self):
+        """Pre-expand the arguments for the C launcher under Triton's launcher object (see _RawLaunch); None
+        where its shape is not the one this was written against (then run goes through compiled.run)."""
+        try:
+            self.raw = _RawLaunch(self.compiled, self.values, self.slots)
+        except _NotRaw:
+            self.raw = None
 
     def run(self, device, *tensors):
+        stream = stream_handle(device)
+        if self.raw is not None:
+            self.raw(self.grid, stream, tensors)
+            return
         values = self.values.copy()
         for i, t in zip(self.slots, tensors):
             values[i] = t
         compiled = self.compiled
-        compiled.run(*self.grid, stream_handle(device), compiled.function, compiled.packed_metadata, None, None, None,
-                     *values)
+        compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+
+
+class _NotRaw(Exception):
+    pass
+
+
+class _RawLaunch:
+    """The C launch function under CompiledKernel.run, with the argument list it takes already built: Triton's
+    CudaLauncher and its tensor-descriptor wrapper rebuild that list and re-encode every descriptor on each
+    call; here a pinned descriptor is encoded once and a call only fills its own tensors in."""
+
+    def __init__(self, compiled, values, slots):
+        from triton.backends.nvidia import driver
+        launcher = compiled.run
+        if (not isinstance(launcher, driver.CudaLauncher) or launcher.global_scratch_size
+                or launcher.profile_scratch_size):
+            raise _NotRaw
+        launch = launcher.launch
+        cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__ or ())))
+        if cells:
+            if set(cells) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+                raise _NotRaw
+            metas = dict(zip(sorted(cells["tensordesc_indices"]), cells["tensordesc_meta"]))
+            self.launch = cells["launcher"]
+        else:
+            metas, self.launch = {}, launch
+        self.head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+                     compiled.packed_metadata, None, None, None)
+        self.expand = driver.make_tensordesc_arg
+        self.template, self.plain, self.descs = [], [], []
+        for i, value in enumerate(values):
+            if i in metas and i not in slots:
+                self.template.extend(self.expand(value, metas[i]))
+            elif i in metas:
+                self.descs.append((slots.index(i), len(self.template), metas[i]))
+            else:
+                if i in slots:
+                    self.plain.append((slots.index(i), len(self.template)))
+                self.template.append(value)
+
+    def __call__(self, grid, stream, tensors):
+        args = self.template.copy()
+        for k, pos in self.plain:
+            args[pos] = tensors[k]
+        for k, pos, meta in reversed(self.descs):  # last first: earlier positions stay put
+            args[pos:pos] = self.expand(tensors[k], meta)
+        self.launch(*grid, stream, *self.head, *args)
 
 
 def can_replay():
