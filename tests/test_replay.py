@@ -122,3 +122,28 @@ def test_raw_launch_passes_what_tritons_own_launcher_would():
     by_triton = seen.pop()
     assert len(by_raw) == len(by_triton)
     assert all(a is b or a == b for a, b in zip(by_raw, by_triton))
+
+
+def test_raw_launch_of_a_kernel_without_descriptors():
+    """Without descriptors CudaLauncher.launch is the C function itself (no code object): the raw launch must
+    call it with the plain argument list (functools.partial stands in for the builtin here)."""
+    import functools
+    from triton.backends.nvidia import driver
+    seen = []
+    launcher = object.__new__(driver.CudaLauncher)
+    launcher.launch = functools.partial(lambda *args: seen.append(args))
+    launcher.global_scratch_size = launcher.profile_scratch_size = 0
+    launcher.launch_cooperative_grid, launcher.launch_pdl, launcher.num_ctas = False, False, 1
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+
+    class Compiled:
+        run, function, packed_metadata = launcher, 11, (4, 1, 0)
+
+    t, u = torch.zeros(4), torch.ones(4)
+    raw = replay._RawLaunch(Compiled, [None, 3, None], [0, 2])
+    raw((2, 1, 1), 5, (t, u))
+    by_raw = seen.pop()
+    launcher(2, 1, 1, 5, 11, (4, 1, 0), None, None, None, t, 3, u)
+    by_triton = seen.pop()
+    assert len(by_raw) == len(by_triton)
+    assert all(a is b or a == b for a, b in zip(by_raw, by_triton))

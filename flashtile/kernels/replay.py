@@ -123,7 +123,8 @@ class _RawLaunch:
                 or launcher.profile_scratch_size):
             raise _NotRaw
         launch = launcher.launch
-        cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__ or ())))
+        code = getattr(launch, "__code__", None)  # no descriptors: the C function itself, no Python wrapper
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__ or ()))) if code else {}
         if cells:
             if set(cells) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
                 raise _NotRaw
