@@ -80,6 +80,10 @@ FWD_HOPPER = {
 # "portable" (tests and benchmarks compare the two).
 FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
 
+# The backward: "portable" (kernels/bwd.py) or "hopper" (experimental: dK and dV by kernels/bwd_hopper.py on
+# sm90, D=128, batch mode; dQ by the portable kernel).
+BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "portable")
+
 
 # Any other CUDA GPU: conservative tiles that fit 100 KB of shared memory.
 FWD_GENERIC = {

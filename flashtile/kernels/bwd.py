@@ -239,14 +239,28 @@ def flash_bwd_kernel(
                     BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DOT_PRECISION)
 
 
+def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q):
+    """delta = rowsum(dO ∘ O), shaped like lse."""
+    nheads, head_dim = out.shape[-2], out.shape[-1]
+    is_varlen = cu_seqlens_q is not None
+    batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
+    lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
+    delta = torch.empty_like(lse)
+    bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
+        out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen)
+    return delta
+
+
 def _strides(t):
     """(batch, token, head) strides; packed tensors have no batch stride."""
     return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config):
-    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``."""
+               softmax_scale, window_size, bottom_right, deterministic, config, delta=None, dkdv=True):
+    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``. ``dkdv=False`` leaves
+    dK and dV to another kernel (bwd_hopper) and computes dQ only, from its ``delta``."""
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
     left, right = window_size
@@ -257,13 +271,11 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         lse_strides = (lse.stride(0), lse.stride(1))
-    delta = torch.empty_like(lse)
-    bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
-        out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=64, IS_VARLEN=is_varlen)
+    if delta is None:
+        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
 
     c = config
-    dq_atomic = "none" if deterministic else c.dq_atomic
+    dq_atomic = "none" if deterministic or not dkdv else c.dq_atomic
     dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     if is_varlen:
         tiles = (q, k, v, dout, dk, dv, q, k, v, dout, dq)
@@ -277,7 +289,7 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
         acc_arg, = host_descriptors(((dq_acc, c.block_m1),), pad)
     strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
     dq_acc_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
-    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1), cdiv(seqlen_q, c.block_m2), nheads // nheads_k
+    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1) if dkdv else 0, cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
     flash_bwd_kernel[(programs, batch * nheads_k)](
         *tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
