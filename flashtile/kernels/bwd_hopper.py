@@ -166,11 +166,13 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, D
 
 
 def supports(q, k, v, dout, window_size):
-    """Batch-mode calls the kernel covers: D=128, bf16/fp16, full or causal, views a descriptor can read."""
+    """Batch-mode calls the kernel covers: D=128, bf16/fp16, full or causal, views a descriptor can read (dO
+    addressed like Q: the loader reads both at the same coordinates)."""
     from .fwd_hopper import GLUON_VERSION_OK
     return (GLUON_VERSION_OK and q.dim() == 4 and q.shape[-1] == 128 and q.dtype in (torch.bfloat16, torch.float16)
             and window_size[0] < 0 and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (q, k, v, dout)))
+            and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (q, k, v, dout))
+            and _layout(dout, False) == _layout(q, False) and _layout(v, False) == _layout(k, False))
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, block_m=64,
