@@ -85,6 +85,18 @@ FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
 BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "portable")
 
 
+@dataclass(frozen=True)
+class HopperBwdConfig:
+    """The experimental sm90 dK/dV kernel (kernels/bwd_hopper.py). Not measured yet: the first guess."""
+    block_m: int = 64  # Q rows per step
+    block_n: int = 128  # keys per program, half to each consumer warpgroup
+    num_stages: int = 2  # Q/dO tiles in the shared-memory ring
+    consumer_regs: int = 240
+
+
+BWD_HOPPER = HopperBwdConfig()
+
+
 # Any other CUDA GPU: conservative tiles that fit 100 KB of shared memory.
 FWD_GENERIC = {
     32: TileConfig(128, 64, 4, 3),

@@ -175,9 +175,12 @@ def supports(q, k, v, dout, window_size):
             and _layout(dout, False) == _layout(q, False) and _layout(v, False) == _layout(k, False))
 
 
-def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, block_m=64,
-                block_n=128, stages=2, regs=240):
-    """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim)."""
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None):
+    """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
+    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER)."""
+    from .. import configs
+    config = config or configs.BWD_HOPPER
+    block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, False)
     k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, False)
@@ -191,8 +194,8 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0),
             lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0, nheads // nheads_k,
             softmax_scale * LOG2E.value, softmax_scale)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, REGS=regs,
-                  num_warps=4, maxnreg=168)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
 
