@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from .. import reference
 
 
-def flashtile_fwd(causal, backend="auto", bwd_backend="portable"):
+def flashtile_fwd(causal, backend="auto", bwd_backend="auto"):
     """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND);
     ``bwd_backend`` is the backward the following .backward() runs (configs.BWD_BACKEND, left set)."""
     from .. import configs, flash_attn_func
@@ -64,7 +64,7 @@ def naive_fwd(causal):
 
 FORWARD = {
     "flashtile": flashtile_fwd,
-    "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable"),
+    "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable", "portable"),
     "flashtile (hopper bwd)": lambda causal: flashtile_fwd(causal, "auto", "hopper"),
     "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
     "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),

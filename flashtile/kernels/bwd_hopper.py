@@ -5,8 +5,9 @@ V rows loaded once into shared memory and used there as the A operand of the pro
 them in registers). A loader warp streams the Q and dO tiles (64 rows) of every query head of the group
 through a ring of shared-memory stages with TMA. For each Q tile a consumer issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 together as asynchronous wgmma, runs the exponentials of Pᵀ while dPᵀ is on the tensor cores, then
-dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands. dQ is left to the portable kernel's Q-tile
-programs (kernels/bwd.py, no atomics), so the two kernels together give every gradient.
+dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal or past
+the keys are masked. dQ is left to the portable kernel's Q-tile programs (kernels/bwd.py, no atomics),
+launched first so that they also write delta = rowsum(dO ∘ O) for this kernel.
 
 Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (fwd_hopper._layout):
 rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
@@ -83,6 +84,7 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_rea
     dtype: gl.constexpr = q_smem.dtype
     start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
     first_key = start_n + half * HALF_N
+    last_key = first_key + HALF_N - 1
     k_half = k_smem.index(half)
     v_half = v_smem.index(half)
     offs_n = first_key + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))  # [HALF_N] keys
@@ -108,10 +110,12 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_rea
         delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         s_t = warpgroup_mma_wait(1, deps=(s_t, ))  # [HALF_N, BLOCK_M]
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
-        ok = (offs_n < seqlen_k)[:, None]
         if CAUSAL:
-            ok = ok & (offs_n[:, None] <= (offs_m + diag)[None, :])
-        p_t = gl.where(ok, p_t, 0.0)
+            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * BLOCK_M + diag):  # the diagonal, the end
+                ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
+                p_t = gl.where(ok, p_t, 0.0)
+        else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
+            p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
         ds_t = p_t * (dp_t - delta[None, :])
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
@@ -177,9 +181,9 @@ def supports(q, k, v, dout, window_size):
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
-    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER)."""
+    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag)."""
     from .. import configs
-    config = config or configs.BWD_HOPPER
+    config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, False)
@@ -199,12 +203,16 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     return grid, args, kwargs
 
 
-def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, dq_config):
-    """Every gradient: delta (portable preprocess), dK and dV here, dQ by the portable kernel's Q-tile programs
-    (``dq_config`` a configs.BwdConfig: its block_m2 / block_n2)."""
-    from .bwd import launch_bwd, launch_preprocess
-    delta = launch_preprocess(out, dout, lse, None, q.shape[1])
-    grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right)
-    flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
+def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, config=None):
+    """Every gradient in two launches: first the portable kernel's Q-tile programs (dQ, and delta of their rows
+    in place of a preprocess launch), then dK and dV here (``config`` a configs.HopperBwdConfig; its ``dq``
+    picks the Q-tile programs' tiles)."""
+    from .. import configs
+    from .bwd import launch_bwd
+    config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
+    delta = torch.empty_like(lse)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
-               (-1, 0) if causal else (-1, -1), bottom_right, True, dq_config, delta=delta, dkdv=False)
+               (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
+               write_delta=True)
+    grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
+    flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
