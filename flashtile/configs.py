@@ -80,6 +80,31 @@ FWD_HOPPER = {
 # "portable" (tests and benchmarks compare the two).
 FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
 
+# The backward: "auto" (kernels/bwd_hopper.py where its config's min_seqlen_k allows, else kernels/bwd.py),
+# "hopper" (bwd_hopper wherever it applies: sm90, D=128, bf16/fp16, batch mode, full or causal) or "portable".
+BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "auto")
+
+
+@dataclass(frozen=True)
+class HopperBwdConfig:
+    """The sm90 backward (kernels/bwd_hopper.py): the Gluon dK/dV kernel's tiles and the portable dQ programs'
+    config (its block_m2, block_n2, warps, stages)."""
+    dq: BwdConfig
+    block_m: int = 64  # Q rows per step
+    block_n: int = 128  # keys per program, half to each consumer warpgroup
+    num_stages: int = 2  # Q/dO tiles in the shared-memory ring
+    consumer_regs: int = 240
+    min_seqlen_k: int = 2048  # "auto" takes it from here: it was measured from 2k keys up
+
+
+# Keyed by (head dim, causal). scripts/bwd_split.py on the H200 (docs/results/bwd-split-v1.md, B·N = 16k, 16 heads):
+# a ring of 2 stages ties 4 and beats 3; dQ in 128x64 tiles, 8 warps is 10-15 % faster than 64x64 non-causal,
+# 64x64 is faster causal below 16k.
+BWD_HOPPER = {
+    (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none")),
+    (128, True): HopperBwdConfig(BwdConfig(64, 64, 64, 64, 4, 3, "none")),
+}
+
 
 # Any other CUDA GPU: conservative tiles that fit 100 KB of shared memory.
 FWD_GENERIC = {

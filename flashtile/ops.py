@@ -116,12 +116,28 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     if cu_seqlens_q is not None:
         _ensure_allocator(q.device)
+    if config is None and _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q):
+        from .kernels.bwd_hopper import launch_bwd_hopper
+        launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right)
+        return dq, dk, dv
     if config is None:
         config = configs.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, config)
     return dq, dk, dv
+
+
+def _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q):
+    """Whether the sm90 dK/dV kernel takes the call (configs.BWD_BACKEND)."""
+    if (configs.BWD_BACKEND == "portable" or cu_seqlens_q is not None or _arch(q.device) != (9, 0)
+            or interpreter_enabled()):
+        return False
+    from .kernels.bwd_hopper import supports
+    if not supports(q, k, v, dout, window_size):
+        return False
+    config = configs.BWD_HOPPER[(q.shape[-1], _is_causal(window_size))]
+    return configs.BWD_BACKEND == "hopper" or k.shape[1] >= config.min_seqlen_k
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],

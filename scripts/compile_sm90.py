@@ -96,16 +96,33 @@ def compile_hopper_fwd(head_dim, causal, cfg):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
     whether it spilled or had to serialize the asynchronous wgmma."""
     import torch
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-    from triton.experimental.gluon._runtime import GluonASTSource
     from flashtile.kernels import fwd_hopper
 
     q, k, v = (torch.empty(2, 1024, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(2, 4, 1024)
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
                                                 cfg)
-    kernel = fwd_hopper.flash_fwd_hopper_kernel
+    return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
+                config=list(cfg.__dict__.values()), causal=causal)
+
+
+def compile_hopper_bwd(causal):
+    """The experimental Gluon dK/dV kernel (kernels/bwd_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd."""
+    import torch
+    from flashtile.kernels import bwd_hopper
+    q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16)
+    k, v = (torch.empty(2, 1024, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.empty(2, 8, 1024)
+    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, torch.empty_like(k), torch.empty_like(v), lse, lse, 0.1,
+                                                causal)
+    return dict(_compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs), head_dim=128, config=[],
+                causal=causal)
+
+
+def _compile_gluon(kernel, args, kwargs):
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    from triton.experimental.gluon._runtime import GluonASTSource
     backend = make_backend(TARGET)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
@@ -120,8 +137,8 @@ def compile_hopper_fwd(head_dim, causal, cfg):
         report = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "kernel.cubin")],
                                 capture_output=True, text=True).stderr
     spills = re.search(r"(\d+) bytes spill stores", report)
-    return dict(kernel=kernel.__name__, head_dim=head_dim, config=list(cfg.__dict__.values()), varlen=False,
-                causal=causal, dq=None, shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
+    return dict(kernel=kernel.__name__, varlen=False, dq=None, shared=compiled.metadata.shared,
+                wgmma=ptx.count("wgmma.mma_async"),
                 tma_loads=ptx.count("cp.async.bulk.tensor"), local=int(spills.group(1)) if spills else -1,
                 tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report)
 

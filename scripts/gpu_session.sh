@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick]
+#        [bench-quick] [hopper-bwd]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -20,6 +20,11 @@ for step in "$@"; do
     bench) python3 -m flashtile.bench --backward --peers flashtile "flashtile (portable)" cuDNN "FA2 (SDPA flash)" \
              FlexAttention --memory-seqlens 8192 16384 32768 65536 131072 --out "$out/bench" 2>&1 \
              | grep -v '%|' | tee "$out/bench.log" ;;
+    hopper-bwd) timeout 300 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu_bwd_hopper.py 2>&1 \
+                  | tail -15 | tee "$out/hopper-bwd-tests.log"
+                python3 -m flashtile.bench --backward --head-dims 128 --seqlens 2048 4096 16384 --rounds 1 --peers \
+                  flashtile "flashtile (hopper bwd)" FlexAttention "FA2 (SDPA flash)" --out "$out/bench-hopper-bwd" \
+                  2>&1 | grep -v '%|' | tee "$out/bench-hopper-bwd.log" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

@@ -35,3 +35,19 @@ def test_forward_compiles_for_sm90():
         assert row["shared"] <= SM90_SHARED_LIMIT, row
         if row["kernel"] == "flash_fwd_hopper_kernel":  # warp-specialized, asynchronous wgmma kept asynchronous
             assert row["setmaxnreg"] > 0 and not row["serialized"], row
+
+
+def test_experimental_hopper_backward_compiles_for_sm90():
+    """kernels/bwd_hopper.py (opt-in): warp-specialized, wgmma asynchronous, within shared memory. It spills a
+    few loop-invariant scalars (ptxas -v: 108 bytes non-causal, 220 causal with GQA: its branch that masks only
+    the diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md)."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); from compile_sm90 import compile_hopper_bwd; "
+            "print(json.dumps([compile_hopper_bwd(c) for c in (False, True)]))")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for row in json.loads(result.stdout):
+        assert row["setmaxnreg"] > 0 and not row["serialized"], row
+        assert row["wgmma"] == 48 and row["tma_loads"] > 0, row  # 2 consumers x (8 + 8 + 4 + 4) k-steps
+        assert row["shared"] <= SM90_SHARED_LIMIT and row["local"] <= 240, row

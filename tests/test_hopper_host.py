@@ -113,3 +113,49 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     assert (picked(threshold, 64, False, packed_max=threshold) is not None) == ok
     assert picked(threshold, 64, False, packed_max=threshold - 1) is None
     assert (picked(16, 128, False) is not None) == ok
+
+
+def test_backward_launch_arguments():
+    """kernels/bwd_hopper.py (experimental): a program per 128-key tile and (batch, KV head); Q, dO read as
+    64-row tiles and K, V as the consumers' 64-key halves; the causal diagonal from the alignment."""
+    from flashtile.kernels import bwd_hopper
+    q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 8, 300)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for bottom_right, diag in ((True, 200), (False, 0)):
+        grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, bottom_right)
+        assert grid == (4, 4)
+        assert [d.block_shape for d in args[:4]] == [[64, 128], [64, 128], [64, 128], [64, 128]]
+        names = bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names
+        values = dict(zip(names, args))
+        assert (values["seqlen_q"], values["seqlen_k"], values["diag"], values["group"]) == (300, 500, diag, 4)
+        assert (values["q_rows_b"], values["q_col_h"], values["k_rows_b"], values["k_col_h"]) == (300, 128, 500, 128)
+        assert kwargs["CAUSAL"] and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
+
+
+def test_backward_dispatch(monkeypatch):
+    """On sm90 (pretended here) "auto" gives D=128 batch-mode calls to the Gluon dK/dV kernel from its config's
+    min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed batches
+    stay portable."""
+    from flashtile.kernels import fwd_hopper
+    monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
+    monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
+    ok = fwd_hopper.GLUON_VERSION_OK
+
+    def taken(backend, seqlen_k, head_dim=128, window=(-1, 0), packed=False):
+        monkeypatch.setattr(configs, "BWD_BACKEND", backend)
+        q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
+        return ops._hopper_bwd(q, k, k, q, window, torch.zeros(2) if packed else None)
+
+    for causal in (False, True):
+        threshold = configs.BWD_HOPPER[(128, causal)].min_seqlen_k
+        window = (-1, 0) if causal else (-1, -1)
+        assert not taken("auto", threshold - 1, window=window)
+        assert taken("auto", threshold, window=window) == ok
+    assert taken("hopper", 64) == ok
+    assert not taken("portable", 4096)
+    assert not taken("auto", 4096, head_dim=64)
+    assert not taken("hopper", 4096, window=(256, 0))
+    assert not taken("hopper", 4096, packed=True)

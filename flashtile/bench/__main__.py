@@ -123,7 +123,8 @@ def memory_sweep(seqlens, peers=("flashtile", "naive"), nheads=16, head_dim=128,
 
 
 def table(rows, peers, key="tflops", error_key="error"):
-    """Markdown: one line per shape, TFLOP/s per peer, flashtile over the best other peer."""
+    """Markdown: one line per shape, TFLOP/s per peer, flashtile over the best other library (its own variants,
+    "flashtile (...)", are not peers)."""
     lines = ["| D | causal | N | B×H | " + " | ".join(peers) + " | ours / best peer |",
              "|---" * (len(peers) + 5) + "|"]
     keys = sorted({(r["head_dim"], r["causal"], r["seqlen"], r["batch"], r["nheads"]) for r in rows})
@@ -131,7 +132,7 @@ def table(rows, peers, key="tflops", error_key="error"):
         cells = {r["peer"]: r for r in rows if (r["head_dim"], r["causal"], r["seqlen"]) == (d, causal, n)}
         shown = [f"{cells[p][key]:.0f}" if cells.get(p, {}).get(key) else
                  (cells.get(p, {}).get(error_key) or "–")[:12] for p in peers]
-        others = [cells[p][key] for p in peers if p != "flashtile" and cells.get(p, {}).get(key)]
+        others = [cells[p][key] for p in peers if not p.startswith("flashtile") and cells.get(p, {}).get(key)]
         ours = cells.get("flashtile", {}).get(key)
         ratio = f"{ours / max(others):.2f}" if ours and others else "–"
         lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {b}×{h} | " + " | ".join(shown) + f" | {ratio} |")

@@ -6,14 +6,16 @@ import torch.nn.functional as F
 from .. import reference
 
 
-def flashtile_fwd(causal, backend="auto"):
-    """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND)."""
+def flashtile_fwd(causal, backend="auto", bwd_backend="auto"):
+    """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND);
+    ``bwd_backend`` is the backward the following .backward() runs (configs.BWD_BACKEND, left set)."""
     from .. import configs, flash_attn_func
 
     def prepare(q, k, v):
         return q.detach(), k.detach(), v.detach()
 
     def run(q, k, v):
+        configs.BWD_BACKEND = bwd_backend
         saved, configs.FWD_BACKEND = configs.FWD_BACKEND, backend
         try:
             return flash_attn_func(q, k, v, causal=causal)
@@ -62,7 +64,8 @@ def naive_fwd(causal):
 
 FORWARD = {
     "flashtile": flashtile_fwd,
-    "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable"),
+    "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable", "portable"),
+    "flashtile (hopper bwd)": lambda causal: flashtile_fwd(causal, "auto", "hopper"),
     "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
     "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),
     "mem-efficient": lambda causal: sdpa_fwd("EFFICIENT_ATTENTION", causal),

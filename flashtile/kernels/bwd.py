@@ -21,6 +21,11 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _row_dot(o, do):
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+
+
+@triton.jit
 def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stride_oh, stride_db, stride_dn,
                           stride_dh, stride_lb, stride_lh, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
                           HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -34,7 +39,7 @@ def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stri
     mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
     o = tl.load(O + b * stride_ob + rows[:, None] * stride_on + h * stride_oh + offs_d[None, :], mask=mask)
     do = tl.load(dO + b * stride_db + rows[:, None] * stride_dn + h * stride_dh + offs_d[None, :], mask=mask)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # [BLOCK_M]
+    delta = _row_dot(o, do)  # [BLOCK_M]
     tl.store(Delta + b * stride_lb + h * stride_lh + rows, delta, mask=offs_m < seqlen_q)
 
 
@@ -158,13 +163,15 @@ def _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, lo, hi, offs_m, seq
 
 
 @triton.jit
-def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k,
+def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k,
                 stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
                 stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, qk_scale, softmax_scale, left, right,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
-                MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dQ of one Q tile of head h, with no atomics."""
+                MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, DELTA_HERE: tl.constexpr):
+    """dQ of one Q tile of head h, with no atomics. DELTA_HERE (batch mode): delta of its rows from O and dO,
+    written for a dK/dV kernel launched after this one, in place of the preprocess launch."""
+    tl.static_assert(not (DELTA_HERE and IS_VARLEN))
     q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
     start_m = pid_m * BLOCK_M
@@ -185,9 +192,13 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_
         row_offset = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
         # Rows past the sequence get LSE = +inf, so their P is 0 even in unmasked tiles.
         lse = tl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
-        delta = tl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         q = load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
         do = load_tile(do_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
+        if DELTA_HERE:
+            delta = _row_dot(load_tile(O, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN), do)  # [BLOCK_M]
+            tl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
+        else:
+            delta = tl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
         diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         lo, full_lo, full_hi, hi = band_tiles(start_m, seqlen_k, diag, left, right, BLOCK_M, BLOCK_N,
@@ -206,7 +217,7 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_
 
 @triton.jit
 def flash_bwd_kernel(
-    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
+    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
     stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh, stride_lb, stride_lh,
     stride_dqab, stride_dqan, stride_dqah, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale,
@@ -214,6 +225,7 @@ def flash_bwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DELTA_HERE: tl.constexpr,
 ):
     """Grid (kv_tiles [+ group · q_tiles], batch · nheads_k). The first kv_tiles programs own a K/V tile
     (Q1, K1, V1, dO1 in its tile shapes), heaviest first; with DQ_ATOMIC == "none" the rest own a Q tile of
@@ -232,11 +244,24 @@ def flash_bwd_kernel(
     elif DQ_ATOMIC == "none":
         off = pid - kv_tiles
         h = h_k * group + off // q_tiles
-        _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, dQ, LSE, Delta, cu_seqlens_q,
+        _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, cu_seqlens_q,
                     cu_seqlens_k, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don,
                     stride_doh, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, qk_scale,
                     softmax_scale, left, right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, IS_VARLEN,
-                    BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DOT_PRECISION)
+                    BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DOT_PRECISION, DELTA_HERE)
+
+
+def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q):
+    """delta = rowsum(dO ∘ O), shaped like lse."""
+    nheads, head_dim = out.shape[-2], out.shape[-1]
+    is_varlen = cu_seqlens_q is not None
+    batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
+    lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
+    delta = torch.empty_like(lse)
+    bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
+        out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen)
+    return delta
 
 
 def _strides(t):
@@ -245,8 +270,11 @@ def _strides(t):
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config):
-    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``."""
+               softmax_scale, window_size, bottom_right, deterministic, config, delta=None, dkdv=True,
+               write_delta=False):
+    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``. ``dkdv=False`` leaves
+    dK and dV to another kernel (bwd_hopper) and computes dQ only, from its ``delta``; with ``write_delta``
+    (batch mode) the Q-tile programs compute delta into ``delta`` themselves, for that kernel to read after."""
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
     left, right = window_size
@@ -257,27 +285,29 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         lse_strides = (lse.stride(0), lse.stride(1))
-    delta = torch.empty_like(lse)
-    bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
-        out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=64, IS_VARLEN=is_varlen)
+    if delta is None:
+        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
+    if write_delta and (dkdv or is_varlen):
+        raise ValueError("write_delta needs dkdv=False and batch mode")
 
     c = config
-    dq_atomic = "none" if deterministic else c.dq_atomic
+    dq_atomic = "none" if deterministic or not dkdv else c.dq_atomic
     dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     if is_varlen:
-        tiles = (q, k, v, dout, dk, dv, q, k, v, dout, dq)
+        tiles = (q, k, v, dout, dk, dv, q, k, v, dout, None, dq)
     else:
         tiles = host_descriptors(((q, c.block_m1), (k, c.block_n1), (v, c.block_n1), (dout, c.block_m1),
                                   (dk, c.block_n1), (dv, c.block_n1), (q, c.block_m2), (k, c.block_n2),
                                   (v, c.block_n2), (dout, c.block_m2), (dq, c.block_m2)), pad)
+        o_tile = host_descriptors(((out, c.block_m2), ), pad) if write_delta else (None, )
+        tiles = tiles[:10] + o_tile + tiles[10:]
     # where the K/V-tile programs add dS·K: a bulk-reduce descriptor, a float32 pointer, or nothing (dq)
     acc_arg = dq if dq_acc is None else dq_acc
     if dq_atomic == "tma" and not is_varlen:
         acc_arg, = host_descriptors(((dq_acc, c.block_m1),), pad)
     strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
     dq_acc_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
-    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1), cdiv(seqlen_q, c.block_m2), nheads // nheads_k
+    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1) if dkdv else 0, cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
     flash_bwd_kernel[(programs, batch * nheads_k)](
         *tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
@@ -286,6 +316,6 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
         HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
         BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
         MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-        num_warps=c.num_warps, num_stages=c.num_stages)
+        DELTA_HERE=write_delta, num_warps=c.num_warps, num_stages=c.num_stages)
     if dq_acc is not None:
         dq.copy_(dq_acc)

@@ -1,0 +1,218 @@
+"""FlashAttention backward for Hopper (sm90): dK and dV by a warp-specialized Gluon kernel (experimental).
+
+A program owns a K/V tile of 128 keys of one KV head: two consumer warpgroups hold 64 keys each, their K and
+V rows loaded once into shared memory and used there as the A operand of the products (Triton's tl.dot keeps
+them in registers). A loader warp streams the Q and dO tiles (64 rows) of every query head of the group
+through a ring of shared-memory stages with TMA. For each Q tile a consumer issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
+together as asynchronous wgmma, runs the exponentials of Pᵀ while dPᵀ is on the tensor cores, then
+dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal or past
+the keys are masked. dQ is left to the portable kernel's Q-tile programs (kernels/bwd.py, no atomics),
+launched first so that they also write delta = rowsum(dO ∘ O) for this kernel.
+
+Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (fwd_hopper._layout):
+rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
+LSE = +inf (P = 0).
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .fwd_hopper import _descriptor, _layout, _smem_layout, _view
+from .tiles import cdiv
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N: gl.constexpr):
+    """(first key of the tile, batch, KV head, first row of the head's keys in the 2-D view)."""
+    b = gl.program_id(1) // nheads_k
+    h_k = gl.program_id(1) % nheads_k
+    return gl.program_id(0) * BLOCK_N, b, h_k, b * k_rows_b + h_k * k_rows_h
+
+
+@gluon.jit
+def _q_tiles(start_n, seqlen_q, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """The Q tiles [lo, hi) that see a key of the tile starting at start_n (causal: query i sees keys up to
+    i + diag)."""
+    lo = 0
+    if CAUSAL:
+        lo = gl.maximum(start_n - diag, 0) // BLOCK_M
+    return lo, gl.cdiv(seqlen_q, BLOCK_M)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready,
+                    q_free, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k,
+                    diag, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for i in gl.static_range(2):
+        tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], kv_bar,
+                                        k_smem.index(i))
+        tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], kv_bar,
+                                        v_smem.index(i))
+    lo, hi = _q_tiles(start_n, seqlen_q, diag, BLOCK_M, CAUSAL)
+    for t in range(group * (hi - lo)):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
+        h = h_k * group + t // (hi - lo)
+        row = b * q_rows_b + h * q_rows_h + (lo + t % (hi - lo)) * BLOCK_M
+        stage = t % STAGES
+        mbarrier.wait(q_free.index(stage), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, h * q_col_h], q_ready.index(stage), q_smem.index(stage))
+        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, h * q_col_h], do_ready.index(stage), do_smem.index(stage))
+
+
+@gluon.jit
+def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_free, dK, dV, LSE,
+              Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn,
+              stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = q_smem.dtype
+    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
+    first_key = start_n + half * HALF_N
+    last_key = first_key + HALF_N - 1
+    k_half = k_smem.index(half)
+    v_half = v_smem.index(half)
+    offs_n = first_key + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))  # [HALF_N] keys
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    lo, hi = _q_tiles(start_n, seqlen_q, diag, BLOCK_M, CAUSAL)
+    for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
+        h = h_k * group + t // (hi - lo)
+        row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+        stage = t % STAGES
+        phase = (t // STAGES) & 1
+        q_tile = q_smem.index(stage)
+        do_tile = do_smem.index(stage)
+        offs_m = (lo + t % (hi - lo)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        mbarrier.wait(q_ready.index(stage), phase)
+        s_t = warpgroup_mma(k_half, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(stage), phase)
+        dp_t = warpgroup_mma(v_half, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
+        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
+        delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        s_t = warpgroup_mma_wait(1, deps=(s_t, ))  # [HALF_N, BLOCK_M]
+        p_t = gl.exp2(s_t * qk_scale - lse[None, :])
+        if CAUSAL:
+            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * BLOCK_M + diag):  # the diagonal, the end
+                ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
+                p_t = gl.where(ok, p_t, 0.0)
+        else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
+            p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
+        dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
+        ds_t = p_t * (dp_t - delta[None, :])
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
+        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), op_layout), q_tile, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        mbarrier.arrive(q_free.index(stage))
+
+    # 32-bit offsets from a 64-bit base per tile: a [64, 128] tensor of 64-bit pointers alone is 128 registers
+    rows = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    keep = (first_key + rows < seqlen_k)[:, None]
+    dk_base = dK + b.to(gl.int64) * stride_dkb + h_k.to(gl.int64) * stride_dkh + first_key.to(gl.int64) * stride_dkn
+    gl.store(dk_base + rows[:, None] * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=keep)
+    dv_base = dV + b.to(gl.int64) * stride_dvb + h_k.to(gl.int64) * stride_dvh + first_key.to(gl.int64) * stride_dvn
+    gl.store(dv_base + rows[:, None] * stride_dvn + cols[None, :], dv.to(dtype), mask=keep)
+
+
+@gluon.jit
+def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, Delta, nheads_k, q_rows_b, q_rows_h,
+                                 q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                                 stride_dvn, stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group,
+                                 qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                 REGS: gl.constexpr):
+    """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=2)
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_free, dK, dV, LSE, Delta,
+                     nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn,
+                     stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_free, dK, dV, LSE, Delta,
+                     nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn,
+                     stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready,
+                           do_ready, q_free, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
+                           seqlen_q, seqlen_k, diag, group, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [REGS, 24])
+
+
+def supports(q, k, v, dout, window_size):
+    """Batch-mode calls the kernel covers: D=128, bf16/fp16, full or causal, views a descriptor can read (dO
+    addressed like Q: the loader reads both at the same coordinates)."""
+    from .fwd_hopper import GLUON_VERSION_OK
+    return (GLUON_VERSION_OK and q.dim() == 4 and q.shape[-1] == 128 and q.dtype in (torch.bfloat16, torch.float16)
+            and window_size[0] < 0 and window_size[1] in (-1, 0)
+            and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (q, k, v, dout))
+            and _layout(dout, False) == _layout(q, False) and _layout(v, False) == _layout(k, False))
+
+
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None):
+    """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
+    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag)."""
+    from .. import configs
+    config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
+    block_m, block_n = config.block_m, config.block_n
+    nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, False)
+    k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, False)
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    views = ((_view(q, q_layout), block_m), (_view(k, k_layout), block_n // 2),
+             (_view(v, _layout(v, False)[0]), block_n // 2), (_view(dout, _layout(dout, False)[0]), block_m))
+    descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype)) for t, block in views]
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
+    args = (*descs, dk, dv, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0),
+            lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0, nheads // nheads_k,
+            softmax_scale * LOG2E.value, softmax_scale)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+    return grid, args, kwargs
+
+
+def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, config=None):
+    """Every gradient in two launches: first the portable kernel's Q-tile programs (dQ, and delta of their rows
+    in place of a preprocess launch), then dK and dV here (``config`` a configs.HopperBwdConfig; its ``dq``
+    picks the Q-tile programs' tiles)."""
+    from .. import configs
+    from .bwd import launch_bwd
+    config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
+    delta = torch.empty_like(lse)
+    launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
+               (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
+               write_delta=True)
+    grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
+    flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)

@@ -1,0 +1,35 @@
+"""GPU tier: the experimental sm90 dK/dV kernel (kernels/bwd_hopper.py, FLASHTILE_BWD_BACKEND=hopper) against the
+float64 reference, beside PyTorch's own error."""
+import pytest
+import torch
+
+from flashtile import configs, ops
+from helpers import DTYPE_IDS, randn
+from test_gpu_bwd import check
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def hopper_backward(monkeypatch):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is for sm90")
+    monkeypatch.setattr(configs, "BWD_BACKEND", "hopper")
+
+
+def test_taken_for_the_shapes_it_covers():
+    q, k = randn(1, 256, 4, 128, dtype=torch.bfloat16), randn(1, 256, 2, 128, dtype=torch.bfloat16)
+    assert ops._hopper_bwd(q, k, k, q, (-1, -1), None)
+    assert ops._hopper_bwd(q, k, k, q, (-1, 0), None)
+    assert not ops._hopper_bwd(q[..., :64], k[..., :64], k[..., :64], q[..., :64], (-1, -1), None)
+    assert not ops._hopper_bwd(q, k, k, q, (128, 0), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4),
+                                   (1, 4096, 4096, 4, 1), (3, 17, 113, 2, 1)],
+                         ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}")
+def test_gradients(shape, causal, dtype):
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 128, dtype, causal)
