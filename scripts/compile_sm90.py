@@ -67,17 +67,23 @@ def main():
         for varlen in (False, True):
             tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
             rows.append(compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen))
-    for (pad, causal), cfg in configs.BWD_SM90.items():
+    # the portable backward (delta from the preprocess), then the sm90 backward's dQ programs writing delta
+    bwd = [(pad, causal, cfg, varlen, atomic, False) for (pad, causal), cfg in configs.BWD_SM90.items()
+           for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
+    bwd += [(head_dim, causal, cfg.dq, False, "none", True) for (head_dim, causal), cfg in configs.BWD_HOPPER.items()]
+    for pad, causal, cfg, varlen, atomic, delta_here in bwd:
         tensors = dict(Q1=cfg.block_m1, dO1=cfg.block_m1, K1=cfg.block_n1, V1=cfg.block_n1, dK=cfg.block_n1,
                        dV=cfg.block_n1, Q2=cfg.block_m2, dO2=cfg.block_m2, K2=cfg.block_n2, V2=cfg.block_n2,
                        dQ=cfg.block_m2)
-        for varlen in (False, True):
-            for atomic in dict.fromkeys(("none", cfg.dq_atomic)):
-                with_acc = dict(tensors, dQacc=cfg.block_m1) if atomic == "tma" else tensors
-                consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
-                              BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
-                              MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32")
-                rows.append(compile_kernel(flash_bwd_kernel, with_acc, consts, cfg, varlen))
+        if atomic == "tma":
+            tensors["dQacc"] = cfg.block_m1
+        if delta_here:
+            tensors["O2"] = cfg.block_m2
+        consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
+                      BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
+                      MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
+                      DELTA_HERE=delta_here, **({} if delta_here else dict(O2=None)))
+        rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
     for pad, cfg in configs.DECODE_SM90.items():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
