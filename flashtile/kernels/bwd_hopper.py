@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .fwd_hopper import _descriptor, _layout, _smem_layout, _view
+from .fwd_hopper import _descriptor, _layout, _smem_layout, _view, register_operand_layout, wgmma_layout
 from .tiles import cdiv
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -76,11 +76,9 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_rea
               CAUSAL: gl.constexpr):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = BLOCK_N // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = q_smem.dtype
     start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
     first_key = start_n + half * HALF_N

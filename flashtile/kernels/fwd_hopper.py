@@ -33,6 +33,18 @@ LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
 
 
+@triton.constexpr_function
+def wgmma_layout(n):
+    """Registers of one warpgroup's wgmma result with n columns (the four warps stacked along the rows)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@triton.constexpr_function
+def register_operand_layout(result_layout):
+    """A 16-bit A operand held in registers, for a wgmma whose result has ``result_layout``."""
+    return gl.DotOperandLayout(operand_index=0, parent=result_layout, k_width=2)
+
+
 @gluon.jit
 def _tile(w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
           seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
@@ -141,11 +153,9 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
     (ping-pong) the other warpgroup's products occupy the tensor cores, and with OVERLAP_PV while its own P·V
     runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done."""
     HALF_M: gl.constexpr = BLOCK_M // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    p_layout: gl.constexpr = register_operand_layout(o_layout)
     dtype: gl.constexpr = q_smem.dtype
     q_half = q_smem.index(half)
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
