@@ -159,3 +159,33 @@ def test_backward_dispatch(monkeypatch):
     assert not taken("auto", 4096, head_dim=64)
     assert not taken("hopper", 4096, window=(256, 0))
     assert not taken("hopper", 4096, packed=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal):
+    """The sm90 backward is two launches: the portable dQ programs, which write delta, then the Gluon dK/dV
+    kernel reading that same delta; each with the tiles of configs.BWD_HOPPER."""
+    from flashtile.kernels import bwd, bwd_hopper
+    calls = []
+    monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))
+
+    class Kernel:
+        arg_names = bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append(("dkdv", args, kwargs))
+
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel", Kernel())
+    q, dout, out = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 256)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True)
+    assert [c[0] for c in calls] == ["dq", "dkdv"]
+    _, dq_args, dq_kwargs = calls[0]
+    config = configs.BWD_HOPPER[(128, causal)]
+    assert dq_kwargs["write_delta"] and not dq_kwargs["dkdv"] and dq_args[-1] == config.dq
+    assert dq_args[14] == ((-1, 0) if causal else (-1, -1))
+    named = dict(zip(Kernel.arg_names, calls[1][1]))
+    assert named["Delta"] is dq_kwargs["delta"] and named["dK"] is grads[1] and named["dV"] is grads[2]
+    assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages
