@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import flashtile
-from flashtile import reference
+from flashtile import configs, reference
 from helpers import DTYPE_IDS, randn, torch_attention, torch_attention_varlen, varlen_inputs
 from test_bwd import Block, assert_grads_close, gradients
 
@@ -40,6 +40,14 @@ def test_large_gradients(seqlen, head_dim, dtype, causal):
     check(1, seqlen, seqlen, 2, 2, head_dim, dtype, causal)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_portable_backward_where_the_sm90_kernel_runs_by_default(monkeypatch, causal):
+    """D=128 from 2048 keys goes to kernels/bwd_hopper.py on sm90; FLASHTILE_BWD_BACKEND=portable must still
+    give the one-launch portable backward there, and it must stay right."""
+    monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
+    check(2, 4096, 4096, 4, 2, 128, torch.bfloat16, causal)
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("head_dim", [40, 96, 128], ids=lambda d: f"d{d}")
 def test_ragged_gqa_gradients(head_dim, deterministic):
@@ -62,6 +70,26 @@ def test_varlen_gradients():
     assert_grads_close(ours, ref, base)
 
 
+def assert_graph_replays_like_eager(step, inputs):
+    """Capture step() in a CUDA graph, refill the inputs with fresh random values and replay: every output
+    must equal an eager step's bitwise."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        for t in inputs:
+            t.copy_(randn(*t.shape, dtype=t.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(captured, step()):
+        assert torch.equal(got, want)
+
+
 def test_varlen_forward_backward_replay_in_cuda_graph():
     """Varlen kernels build their descriptors on the device, in memory from Triton's allocator: a captured
     step must replay on new inputs and match eager bitwise (deterministic dQ)."""
@@ -75,21 +103,7 @@ def test_varlen_forward_backward_replay_in_cuda_graph():
         out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, causal=True, deterministic=True)
         return (out,) + torch.autograd.grad(out, (q, k, v), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    with torch.no_grad():
-        for t in (q, k, v, dout):
-            t.copy_(randn(*t.shape, dtype=t.dtype))
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, want in zip(captured, step()):
-        assert torch.equal(got, want)
+    assert_graph_replays_like_eager(step, (q, k, v, dout))
 
 
 def test_deterministic_is_bitwise_reproducible():
