@@ -113,7 +113,7 @@ def compile_hopper_fwd(head_dim, causal, cfg):
 
 
 def compile_hopper_bwd(causal):
-    """The experimental Gluon dK/dV kernel (kernels/bwd_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd."""
+    """The Gluon dK/dV kernel (kernels/bwd_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd."""
     import torch
     from flashtile.kernels import bwd_hopper
     q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16)

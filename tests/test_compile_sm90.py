@@ -38,8 +38,8 @@ def test_forward_compiles_for_sm90():
             assert row["setmaxnreg"] > 0 and not row["serialized"], row
 
 
-def test_experimental_hopper_backward_compiles_for_sm90():
-    """kernels/bwd_hopper.py (opt-in): warp-specialized, wgmma asynchronous, within shared memory. It spills a
+def test_hopper_backward_compiles_for_sm90():
+    """kernels/bwd_hopper.py: warp-specialized, wgmma asynchronous, within shared memory. It spills a
     few loop-invariant scalars (ptxas -v: 108 bytes non-causal, 220 causal with GQA: its branch that masks only
     the diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md)."""
     code = ("import json, sys; sys.path.insert(0, 'scripts'); from compile_sm90 import compile_hopper_bwd; "

@@ -1,4 +1,4 @@
-"""GPU tier: the experimental sm90 dK/dV kernel (kernels/bwd_hopper.py, FLASHTILE_BWD_BACKEND=hopper) against the
+"""GPU tier: the sm90 dK/dV kernel (kernels/bwd_hopper.py, forced with FLASHTILE_BWD_BACKEND=hopper) against the
 float64 reference, beside PyTorch's own error."""
 import pytest
 import torch

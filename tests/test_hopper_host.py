@@ -116,7 +116,7 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
 
 
 def test_backward_launch_arguments():
-    """kernels/bwd_hopper.py (experimental): a program per 128-key tile and (batch, KV head); Q, dO read as
+    """kernels/bwd_hopper.py: a program per 128-key tile and (batch, KV head); Q, dO read as
     64-row tiles and K, V as the consumers' 64-key halves; the causal diagonal from the alignment."""
     from flashtile.kernels import bwd_hopper
     q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)

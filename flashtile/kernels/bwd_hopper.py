@@ -1,4 +1,4 @@
-"""FlashAttention backward for Hopper (sm90): dK and dV by a warp-specialized Gluon kernel (experimental).
+"""FlashAttention backward for Hopper (sm90): dK and dV by a warp-specialized Gluon kernel.
 
 A program owns a K/V tile of 128 keys of one KV head: two consumer warpgroups hold 64 keys each, their K and
 V rows loaded once into shared memory and used there as the A operand of the products (Triton's tl.dot keeps
