@@ -8,3 +8,19 @@ def test_ratio_is_against_other_libraries_not_our_variants():
             dict(shape, peer="FlexAttention", tflops=310.0 / 0.97)]
     line = table(rows, ["flashtile", "flashtile (portable)", "FlexAttention"]).splitlines()[-1]
     assert line.endswith("| 0.97 |"), line
+
+
+def test_best_of_turns_keeps_each_keys_lowest_time_and_takes_turns():
+    from flashtile.bench.__main__ import best_of_turns
+    calls, times = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+
+    def timer(key):
+        def run():
+            calls.append(key)
+            return next(times[key]), None
+        return run
+    errors = iter([(None, "OOM"), (None, "OOM"), (2.5, None)])
+    best = best_of_turns({"a": timer("a"), "b": timer("b"), "c": lambda: next(errors)}, rounds=3)
+    assert calls == ["a", "b"] * 3  # in turn, not one key's rounds back to back
+    assert best == {"a": (1.0, None), "b": (4.0, None), "c": (2.5, None)}
+    assert best_of_turns({"d": lambda: (None, "OOM")}, rounds=2) == {"d": (None, "OOM")}

@@ -5,6 +5,7 @@ N 512–16k, D 64 and 128, causal on and off, bf16. Writes a table (stdout and m
 a PNG of TFLOP/s against N, and a memory sweep (B=1, H=16, D=128, N up to 128k) against naive attention.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -63,6 +64,20 @@ def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
         torch.cuda.empty_cache()
 
 
+def best_of_turns(timers, rounds):
+    """{key: (lowest time, error)} of timers {key: () -> (time or None, error or None)}, each called in turn,
+    ``rounds`` times over, so that a clock dip or a busy host during one turn does not decide a comparison.
+    A key that never ran keeps its last error."""
+    best = {}
+    for _ in range(rounds):
+        for key, timer in timers.items():
+            t, error = timer()
+            old = best.get(key)
+            if old is None or (t is not None and (old[0] is None or t < old[0])):
+                best[key] = (t, error)
+    return best
+
+
 def grid(seqlens, head_dims, causals):
     for head_dim in head_dims:
         for causal in causals:
@@ -80,14 +95,10 @@ def run_grid(shapes, peers, warmup, rep, rounds, backward):
         b, n, h, d, causal = shape["batch"], shape["seqlen"], shape["nheads"], shape["head_dim"], shape["causal"]
         q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = fwd_flops(b, h, n, n, d, causal)
-        best = {}
-        for _ in range(rounds):
-            for peer in peers:
-                for mode in (("fwd", "fwdbwd") if backward else ("fwd",)):
-                    ms, error = time_peer(FORWARD[peer], causal, q, k, v, warmup, rep, mode == "fwdbwd")
-                    old = best.get((peer, mode))
-                    if old is None or (ms and (old[0] is None or ms < old[0])):
-                        best[(peer, mode)] = (ms, error)
+        modes = ("fwd", "fwdbwd") if backward else ("fwd",)
+        best = best_of_turns({(peer, mode): functools.partial(time_peer, FORWARD[peer], causal, q, k, v, warmup, rep,
+                                                              mode == "fwdbwd")
+                              for peer in peers for mode in modes}, rounds)
         for peer in peers:
             ms, error = best[(peer, "fwd")]
             row = dict(shape, peer=peer, ms=ms, tflops=flops / ms / 1e9 if ms else None, error=error)
