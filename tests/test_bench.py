@@ -24,3 +24,9 @@ def test_best_of_turns_keeps_each_keys_lowest_time_and_takes_turns():
     assert calls == ["a", "b"] * 3  # in turn, not one key's rounds back to back
     assert best == {"a": (1.0, None), "b": (4.0, None), "c": (2.5, None)}
     assert best_of_turns({"d": lambda: (None, "OOM")}, rounds=2) == {"d": (None, "OOM")}
+
+
+def test_error_text_is_one_line_even_for_an_empty_message():
+    from flashtile.bench.__main__ import error_text
+    assert error_text(AssertionError()) == "AssertionError: "
+    assert error_text(ValueError("first line\nsecond"), 5) == "ValueError: first"

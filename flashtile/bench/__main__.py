@@ -36,6 +36,11 @@ def bench_ms(fn, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
+def error_text(err, width=120):
+    """One line naming an exception, for a table cell or a log."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:width]}"
+
+
 def is_oom(err):
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
@@ -59,7 +64,7 @@ def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
         return bench_ms(step, warmup, rep), None
     except Exception as err:  # a peer that cannot run this shape is reported, not fatal
         torch.cuda.synchronize()
-        return None, "OOM" if is_oom(err) else f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+        return None, "OOM" if is_oom(err) else error_text(err)
     finally:
         torch.cuda.empty_cache()
 

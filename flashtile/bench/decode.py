@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .__main__ import bench_ms, best_of_turns, is_oom, progress
+from .__main__ import bench_ms, best_of_turns, error_text, is_oom, progress
 
 
 def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
@@ -84,7 +84,7 @@ def _eager_us(fn):
         fn()
         return bench_ms(fn) * 1e3, None
     except Exception as err:  # a backend that refuses the shape is reported, not fatal
-        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+        return None, error_text(err, 80)
 
 
 def main(argv=None):
@@ -123,7 +123,7 @@ def main(argv=None):
                     if batch <= args.graph_max_batch and seqlen <= 32768:
                         row["graph_us"] = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
                 except Exception as err:  # a backend that cannot be captured keeps its eager numbers
-                    row["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+                    row["graph_error"] = error_text(err, 80)
             rows.append(row)
         del fns
         torch.cuda.empty_cache()

@@ -7,7 +7,7 @@ import torch
 
 from .. import checks, ops
 from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig
-from .__main__ import HIDDEN, TOKENS, bench_ms, fwd_flops, progress
+from .__main__ import HIDDEN, TOKENS, bench_ms, error_text, fwd_flops, progress
 
 FWD_CANDIDATES = [TileConfig(*c) for c in [
     (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
@@ -95,7 +95,7 @@ def main(argv=None):
             results[(d, causal, n, cfg)] = flops / ms / 1e9
         except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
             results[(d, causal, n, cfg)] = None
-            print(f"skip {_label(cfg)} d{d}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
+            print(f"skip {_label(cfg)} d{d}: {error_text(err, 100)}")
     label = ("K/V tile / Q tile, warps,stages dQ" if args.backward else "BM,BN x stages, consumer regs" if args.hopper
              else "BM,BN,warps,stages")
     print(f"| D | causal | {label} | "

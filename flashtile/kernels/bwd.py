@@ -285,10 +285,10 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         lse_strides = (lse.stride(0), lse.stride(1))
-    if delta is None:
-        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
     if write_delta and (dkdv or is_varlen):
         raise ValueError("write_delta needs dkdv=False and batch mode")
+    if delta is None:
+        delta = torch.empty_like(lse) if write_delta else launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
 
     c = config
     dq_atomic = "none" if deterministic or not dkdv else c.dq_atomic

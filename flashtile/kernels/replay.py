@@ -85,7 +85,8 @@ class Replay:
     def pin(self, name, value):
         """Replays pass ``value`` for argument ``name`` (instead of the first launch's)."""
         self.values[self.names.index(name)] = value
-        self.raw = None
+        if self.raw is not None:
+            self.prepare_raw()
 
     def prepare_raw(self):
         """Pre-expand the arguments for the C launcher under Triton's launcher object (see _RawLaunch); None
