@@ -95,9 +95,11 @@ def info(_args):
         from . import configs
         print(f"forward backend: {configs.FWD_BACKEND} (FLASHTILE_FWD_BACKEND); the Hopper kernel covers head dims "
               f"{sorted({d for d, _ in configs.FWD_HOPPER})} on sm90")
+        gluon_dq = all(c.dq_hopper is not None for c in configs.BWD_HOPPER.values())
         print(f"backward backend: {configs.BWD_BACKEND} (FLASHTILE_BWD_BACKEND); the sm90 dK/dV kernel covers head "
               f"dims {sorted({d for d, _ in configs.BWD_HOPPER})} from "
-              f"{min(c.min_seqlen_k for c in configs.BWD_HOPPER.values())} keys")
+              f"{min(c.min_seqlen_k for c in configs.BWD_HOPPER.values())} keys, with dQ by the "
+              f"{'Gluon' if gluon_dq else 'portable'} dQ kernel")
     else:
         print("no CUDA GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1)")
     return 0

@@ -2,6 +2,7 @@
 that chose it. ``python -m flashtile.bench.tune`` re-runs the sweep; docs/perf.md keeps its output."""
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -86,23 +87,38 @@ BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "auto")
 
 
 @dataclass(frozen=True)
+class HopperDqConfig:
+    """The Gluon dQ kernel (kernels/bwd_dq_hopper.py): Q rows per program (half to each consumer warpgroup),
+    keys per K/V tile, ring stages."""
+    block_m: int = 128
+    block_n: int = 64
+    num_stages: int = 2
+    consumer_regs: int = 240
+
+
+@dataclass(frozen=True)
 class HopperBwdConfig:
-    """The sm90 backward (kernels/bwd_hopper.py): the Gluon dK/dV kernel's tiles and the portable dQ programs'
-    config (its block_m2, block_n2, warps, stages)."""
+    """The sm90 backward (kernels/bwd_hopper.py): the Gluon dK/dV kernel's tiles and the dQ kernel's: the
+    portable Q-tile programs (``dq``: its block_m2, block_n2, warps, stages) or, with ``dq_hopper``, the Gluon
+    dQ kernel."""
     dq: BwdConfig
     block_m: int = 64  # Q rows per step
     block_n: int = 128  # keys per program, half to each consumer warpgroup
     num_stages: int = 2  # Q/dO tiles in the shared-memory ring
     consumer_regs: int = 240
     min_seqlen_k: int = 2048  # "auto" takes it from here: it was measured from 2k keys up
+    dq_hopper: Optional[HopperDqConfig] = None
 
 
 # Keyed by (head dim, causal). scripts/bwd_split.py on the H200 (docs/results/bwd-split-v1.md, B·N = 16k, 16 heads):
-# a ring of 2 stages ties 4 and beats 3; dQ in 128x64 tiles, 8 warps is 10-15 % faster than 64x64 non-causal,
-# 64x64 is faster causal below 16k.
+# a ring of 2 stages ties 4 and beats 3. dQ (scripts/dq_sweep.py, docs/results/dq-sweep-v2-gluon.md): the Gluon
+# kernel, 128x64 tiles, 2 stages, 0.386/0.699/2.366 ms causal at N = 2k/4k/16k against the best portable tiles'
+# 0.473/0.851/2.928 (64x64), 0.658/1.249/4.719 non-causal against 0.707/1.326/5.042 (128x64, 8 warps); its 128-key
+# tiles were 2-5 % faster still non-causal, not yet run through the GPU tests. The portable tiles stay for
+# dq_hopper=None (docs/results/dq-sweep-v1.md: the best of 13 there).
 BWD_HOPPER = {
-    (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none")),
-    (128, True): HopperBwdConfig(BwdConfig(64, 64, 64, 64, 4, 3, "none")),
+    (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none"), dq_hopper=HopperDqConfig()),
+    (128, True): HopperBwdConfig(BwdConfig(64, 64, 64, 64, 4, 3, "none"), dq_hopper=HopperDqConfig()),
 }
 
 

@@ -125,6 +125,19 @@ def compile_hopper_bwd(causal):
                 causal=causal)
 
 
+def compile_hopper_dq(causal, config=None):
+    """The Gluon dQ kernel (kernels/bwd_dq_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd."""
+    import torch
+    from flashtile.kernels import bwd_dq_hopper
+    config = config or configs.HopperDqConfig()
+    q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 1024, 2, 128, dtype=torch.bfloat16)
+    lse = torch.empty(2, 8, 1024)
+    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config)
+    return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=128,
+                config=list(config.__dict__.values()), causal=causal)
+
+
 def _compile_gluon(kernel, args, kwargs):
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [hopper-bwd] [bwd-split]
+#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -26,6 +26,7 @@ for step in "$@"; do
                   flashtile "flashtile (hopper bwd)" FlexAttention "FA2 (SDPA flash)" --out "$out/bench-hopper-bwd" \
                   2>&1 | grep -v '%|' | tee "$out/bench-hopper-bwd.log" ;;
     bwd-split) timeout 120 python3 scripts/bwd_split.py 2>&1 | tee "$out/bwd-split.md" ;;
+    dq-sweep) timeout 120 python3 scripts/dq_sweep.py 2>&1 | tee "$out/dq-sweep.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

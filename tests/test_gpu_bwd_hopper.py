@@ -1,5 +1,7 @@
-"""GPU tier: the sm90 dK/dV kernel (kernels/bwd_hopper.py, forced with FLASHTILE_BWD_BACKEND=hopper) against the
-float64 reference, beside PyTorch's own error."""
+"""GPU tier: the sm90 backward (kernels/bwd_dq_hopper.py, then kernels/bwd_hopper.py; forced with
+FLASHTILE_BWD_BACKEND=hopper) against the float64 reference, beside PyTorch's own error."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def test_gradients(shape, causal, dtype):
 
 
 def test_forward_backward_replay_in_cuda_graph():
-    """Both launches of the sm90 backward (dQ programs writing delta, then dK/dV) inside a captured step:
+    """Both launches of the sm90 backward (dQ writing delta, then dK/dV) inside a captured step:
     replayed on new inputs, bitwise equal to eager (neither uses atomics)."""
     q, dout = (randn(2, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
     k, v = (randn(2, 2048, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
@@ -48,3 +50,16 @@ def test_forward_backward_replay_in_cuda_graph():
         return (out,) + torch.autograd.grad(out, (q, k, v), dout)
 
     assert_graph_replays_like_eager(step, (q, k, v, dout))
+
+
+@pytest.mark.parametrize("dq_kernel", ["portable", "gluon"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (3, 17, 113, 2, 1)],
+                         ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}")
+def test_either_dq_kernel(shape, causal, dq_kernel, monkeypatch):
+    """The dQ half of the sm90 backward by each of its two kernels (configs.HopperBwdConfig.dq_hopper)."""
+    dq_hopper = configs.HopperDqConfig() if dq_kernel == "gluon" else None
+    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper) for key, c in configs.BWD_HOPPER.items()}
+    monkeypatch.setattr(configs, "BWD_HOPPER", table)
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 128, torch.bfloat16, causal)

@@ -161,21 +161,32 @@ def test_backward_dispatch(monkeypatch):
     assert not taken("hopper", 4096, packed=True)
 
 
+class _Recorder:
+    """Stands in for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` appends (name, args, kwargs) to calls."""
+
+    def __init__(self, name, kernel, calls):
+        self.name, self.arg_names, self.calls = name, kernel.arg_names, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, args, kwargs))
+
+
+@pytest.mark.parametrize("dq_kernel", ["portable", "gluon"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal):
-    """The sm90 backward is two launches: the portable dQ programs, which write delta, then the Gluon dK/dV
-    kernel reading that same delta; each with the tiles of configs.BWD_HOPPER."""
-    from flashtile.kernels import bwd, bwd_hopper
+def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal, dq_kernel):
+    """The sm90 backward is two launches: dQ (the portable Q-tile programs, or the Gluon dQ kernel with
+    configs.HopperBwdConfig.dq_hopper), which writes delta, then the Gluon dK/dV kernel reading that same delta;
+    each with the tiles of configs.BWD_HOPPER."""
+    from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper
     calls = []
     monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))
-
-    class Kernel:
-        arg_names = bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append(("dkdv", args, kwargs))
-
-    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel", Kernel())
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
+                        _Recorder("dkdv", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
+    monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
+                        _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
+    dq_hopper = configs.HopperDqConfig(block_n=128) if dq_kernel == "gluon" else None
+    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper) for key, c in configs.BWD_HOPPER.items()}
+    monkeypatch.setattr(configs, "BWD_HOPPER", table)
     q, dout, out = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(2, 4, 256)
@@ -183,9 +194,16 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal)
     bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True)
     assert [c[0] for c in calls] == ["dq", "dkdv"]
     _, dq_args, dq_kwargs = calls[0]
-    config = configs.BWD_HOPPER[(128, causal)]
-    assert dq_kwargs["write_delta"] and not dq_kwargs["dkdv"] and dq_args[-1] == config.dq
-    assert dq_args[14] == ((-1, 0) if causal else (-1, -1))
-    named = dict(zip(Kernel.arg_names, calls[1][1]))
-    assert named["Delta"] is dq_kwargs["delta"] and named["dK"] is grads[1] and named["dV"] is grads[2]
+    config = table[(128, causal)]
+    if dq_kernel == "portable":
+        assert dq_kwargs["write_delta"] and not dq_kwargs["dkdv"] and dq_args[-1] == config.dq
+        assert dq_args[14] == ((-1, 0) if causal else (-1, -1))
+        delta = dq_kwargs["delta"]
+    else:
+        dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, dq_args))
+        assert dq_named["dQ"] is grads[0] and dq_named["O"] is out and dq_named["LSE"] is lse
+        assert dq_kwargs["CAUSAL"] == causal and dq_kwargs["BLOCK_N"] == 128 and dq_kwargs["BLOCK_M"] == 128
+        delta = dq_named["Delta"]
+    named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
+    assert named["Delta"] is delta and named["dK"] is grads[1] and named["dV"] is grads[2]
     assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages

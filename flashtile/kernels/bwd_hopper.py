@@ -6,8 +6,9 @@ them in registers). A loader warp streams the Q and dO tiles (64 rows) of every 
 through a ring of shared-memory stages with TMA. For each Q tile a consumer issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 together as asynchronous wgmma, runs the exponentials of Pᵀ while dPᵀ is on the tensor cores, then
 dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal or past
-the keys are masked. dQ is left to the portable kernel's Q-tile programs (kernels/bwd.py, no atomics),
-launched first so that they also write delta = rowsum(dO ∘ O) for this kernel.
+the keys are masked. dQ is left to a kernel launched first, which also writes delta = rowsum(dO ∘ O) for
+this one: the Gluon dQ kernel (kernels/bwd_dq_hopper.py) or the portable kernel's Q-tile programs
+(kernels/bwd.py); neither uses atomics.
 
 Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (fwd_hopper._layout):
 rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
@@ -202,15 +203,19 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, config=None):
-    """Every gradient in two launches: first the portable kernel's Q-tile programs (dQ, and delta of their rows
-    in place of a preprocess launch), then dK and dV here (``config`` a configs.HopperBwdConfig; its ``dq``
-    picks the Q-tile programs' tiles)."""
+    """Every gradient in two launches: first dQ, and delta of its rows in place of a preprocess launch (the
+    portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon dQ kernel with ``config.dq_hopper``),
+    then dK and dV here (``config`` a configs.HopperBwdConfig)."""
     from .. import configs
     from .bwd import launch_bwd
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     delta = torch.empty_like(lse)
-    launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
-               (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
-               write_delta=True)
+    if config.dq_hopper is not None:
+        from .bwd_dq_hopper import launch_dq_hopper
+        launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper)
+    else:
+        launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
+                   (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
+                   write_delta=True)
     grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
     flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)

@@ -1,0 +1,201 @@
+"""FlashAttention backward for Hopper (sm90): dQ by a warp-specialized Gluon kernel, no atomics.
+
+A program owns a Q tile of 128 rows of one head: two consumer warpgroups hold 64 rows each, their Q and dO rows
+loaded once into shared memory. A loader warp streams the K and V tiles those rows may see through a ring of
+shared-memory stages with TMA. For each K/V tile a consumer issues S = Q Kᵀ and dP = dO Vᵀ together as
+asynchronous wgmma, runs the exponentials of P while dP is on the tensor cores, then dQ += dS K with dS as a
+register operand. Before its loop each consumer computes delta = rowsum(dO ∘ O) of its rows and writes it for
+the dK/dV kernel (kernels/bwd_hopper.py) launched after this one. The mirror image of that kernel: there K/V
+stay and Q/dO stream.
+
+Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (fwd_hopper._layout).
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .fwd_hopper import _descriptor, _layout, _smem_layout, _view, register_operand_layout, wgmma_layout
+from .tiles import cdiv
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _program(nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(first row of the Q tile, batch, head, KV head, first Q and K row of the head in the 2-D views, K/V
+    tiles to visit, how many of them need no mask). Causal: the heaviest tiles of a head first."""
+    start_m = gl.program_id(0) * BLOCK_M
+    if CAUSAL:
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    b = gl.program_id(1) // nheads
+    h = gl.program_id(1) % nheads
+    h_k = h // group
+    hi = seqlen_k
+    full_hi = seqlen_k
+    if CAUSAL:
+        hi = gl.minimum(hi, start_m + BLOCK_M + diag)
+        full_hi = gl.minimum(full_hi, start_m + 1 + diag)
+    n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+    n_full = gl.maximum(full_hi, 0) // BLOCK_N
+    return start_m, b, h, h_k, b * q_rows_b + h * q_rows_h, b * k_rows_b + h_k * k_rows_h, n_tiles, n_full
+
+
+@gluon.jit
+def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                    kv_free, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
+                    seqlen_k, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """One warp: each consumer's Q and dO rows once, then K and V of each tile into the next ring stage once
+    both consumers freed it."""
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
+        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * HALF_M, h * q_col_h], q_bar.index(i),
+                                        q_smem.index(i))
+        tma.async_copy_global_to_shared(do_desc, [q_row + start_m + i * HALF_M, h * q_col_h], q_bar.index(i),
+                                        do_smem.index(i))
+    for j in range(n_tiles):
+        stage = j % STAGES
+        mbarrier.wait(kv_free.index(stage), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, h_k * k_col_h], k_ready.index(stage),
+                                        k_smem.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, h_k * k_col_h], v_ready.index(stage),
+                                        v_smem.index(stage))
+
+
+@gluon.jit
+def _row_delta(O, do_tile, o_offset, stride_on, rows_start, seqlen_q, HALF_M: gl.constexpr,
+               HEAD_DIM: gl.constexpr, row_layout: gl.constexpr):
+    """delta = rowsum(dO ∘ O) of HALF_M rows, O from global memory, dO from its shared-memory tile."""
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, blocked))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked))
+    o = gl.load(O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :],
+                mask=(rows < seqlen_q)[:, None], other=0.0)  # [HALF_M, HEAD_DIM]
+    do = do_tile.load(blocked)  # [HALF_M, HEAD_DIM]
+    return gl.convert_layout(gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1), row_layout)
+
+
+@gluon.jit
+def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE,
+              Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
+              stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale,
+              softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One warpgroup, rows [start_m + half·64, +64): delta, then dQ over every K/V tile they may see."""
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    op_layout: gl.constexpr = register_operand_layout(acc_layout)
+    dtype: gl.constexpr = q_smem.dtype
+    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
+        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    rows_start = start_m + half * HALF_M
+    offs_m = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M] rows
+    row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+    # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
+    lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
+    q_half = q_smem.index(half)
+    do_half = do_smem.index(half)
+    mbarrier.wait(q_bar.index(half), 0)
+    delta = _row_delta(O, do_half, b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh, stride_on, rows_start,
+                       seqlen_q, HALF_M, HEAD_DIM, gl.SliceLayout(1, s_layout))
+    gl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=acc_layout)
+    for j in range(n_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        k_tile = k_smem.index(stage)
+        mbarrier.wait(k_ready.index(stage), phase)
+        s = warpgroup_mma(q_half, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(stage), phase)
+        dp = warpgroup_mma(do_half, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))  # [HALF_M, BLOCK_N]
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        if j >= n_full:  # keys past the sequence, or (causal) past the diagonal
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            ok = offs_n[None, :] < seqlen_k
+            if CAUSAL:
+                ok = ok & (offs_n[None, :] <= (offs_m + diag)[:, None])
+            p = gl.where(ok, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp, ))  # [HALF_M, BLOCK_N]
+        ds = p * (dp - delta[:, None])
+        dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k_tile, dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        mbarrier.arrive(kv_free.index(stage))
+
+    rows = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    dq_base = dQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + rows_start.to(gl.int64) * stride_dqn
+    gl.store(dq_base + (rows - rows_start)[:, None] * stride_dqn + cols[None, :], (dq * softmax_scale).to(dtype),
+             mask=(rows < seqlen_q)[:, None])
+
+
+@gluon.jit
+def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h,
+                               q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_dqb,
+                               stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale,
+                               softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, REGS: gl.constexpr):
+    """Grid (Q tiles of BLOCK_M rows, batch · nheads)."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_free.index(i), count=2)
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE, Delta, nheads,
+                     group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_dqb,
+                     stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE, Delta, nheads,
+                     group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_dqb,
+                     stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                           kv_free, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
+                           seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [REGS, 24])
+
+
+def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config):
+    """(grid, args, kwargs) of the dQ launch (batch mode, calls bwd_hopper.supports accepts); ``config`` a
+    configs.HopperDqConfig. Writes delta into ``delta`` (shaped like lse) and dQ into ``dq`` (shaped like q)."""
+    block_m, block_n = config.block_m, config.block_n
+    nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, False)
+    k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, False)
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    views = ((_view(q, q_layout), block_m // 2), (_view(dout, _layout(dout, False)[0]), block_m // 2),
+             (_view(k, k_layout), block_n), (_view(v, _layout(v, False)[0]), block_n))
+    descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype)) for t, block in views]
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    grid = (cdiv(seqlen_q, block_m), batch * nheads)
+    args = (*descs, out, dq, lse, delta, nheads, nheads // nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+            k_col_h, out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
+            softmax_scale * LOG2E.value, softmax_scale)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+    return grid, args, kwargs
+
+
+def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config):
+    grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config)
+    flash_bwd_dq_hopper_kernel[grid](*args, **kwargs)
