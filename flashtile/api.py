@@ -81,18 +81,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ``block_table`` (batch, max_pages) int32. ``cache_seqlens`` (int or int32 (batch,)): keys already in
     the cache; new ``k``, ``v`` (batch, seqlen_new, nheads_k, headdim) are written there in place first.
     ``cache_batch_idx`` (int32 (batch,)) picks the cache rows of a contiguous cache. ``num_splits=0``
-    chooses the split count from the SM count, batch, heads and cache size.
+    chooses the split count from the SM count, batch, heads and cache size. ``rotary_cos``, ``rotary_sin``
+    (seqlen_ro, rotary_dim / 2), with k and v: the new keys are turned at positions cache_seqlens[b] + t before
+    they are written, the queries too (at cache_seqlens[b] + t if causal or windowed, else all at
+    cache_seqlens[b]); ``rotary_interleaved`` pairs features (2i, 2i + 1), else (i, i + rotary_dim / 2).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
     """
     checks.not_implemented(softcap=softcap, alibi_slopes=alibi_slopes)
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"{name} is not supported by flashtile yet")
-    paged, capacity = checks.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad is not supported by flashtile yet")
+    window = checks.window(window_size, causal)
+    per_token = window != (-1, -1)  # rotary positions: causal or windowed queries sit at their own tokens
+    rotary_rows, rotary_span = checks.rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, per_token)
+    paged, capacity = checks.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                                     rotary_rows, rotary_span)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
-    window = checks.window(window_size, causal)
     batch, device = q.shape[0], q.device
     if cache_seqlens is None:
         seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
@@ -101,6 +106,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
     batch_idx = None if paged else cache_batch_idx  # None: sequence b is cache row b
+    if rotary_cos is not None:
+        q = ops.rotary(q, rotary_cos, rotary_sin, seqlens, per_token, rotary_interleaved)
+        k = ops.rotary(k, rotary_cos, rotary_sin, seqlens, True, rotary_interleaved)
     if k is not None:
         ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table)
         seqlens = seqlens + k.shape[1]

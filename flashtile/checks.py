@@ -164,8 +164,10 @@ def int32_vector(name, t, length, device):
 _KVCACHE_PASSED = {}  # the signature of every argument set whose shapes and types passed -> (paged, capacity)
 
 
-def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
-    """Shapes, dtypes and (outside tracing) values of flash_attn_with_kvcache's arguments.
+def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_rows=None,
+            rotary_span=0):
+    """Shapes, dtypes and (outside tracing) values of flash_attn_with_kvcache's arguments; with ``rotary_rows``
+    (rows of rotary_cos), also that the ``rotary_span`` positions from cache_seqlens[b] on exist there.
     Returns (paged, capacity): capacity = keys one sequence's cache can hold. A decode loop passes the same
     shapes every step, so the shape and type checks run once per signature; the value checks run on every
     call while they are on."""
@@ -177,8 +179,41 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
             _KVCACHE_PASSED.clear()
         _KVCACHE_PASSED[key] = known
     if _host_checks_allowed(q):
-        _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, known[1])
+        lengths = _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, known[1])
+        if rotary_rows is not None and max(lengths) + rotary_span > rotary_rows:
+            raise ValueError(f"rotary_cos/rotary_sin have {rotary_rows} positions; the new tokens take positions "
+                             f"up to {max(lengths) + rotary_span - 1} (cache_seqlens {lengths})")
     return known
+
+
+def rotary(cos, sin, interleaved, q, k, per_token):
+    """rotary_cos and rotary_sin (seqlen_ro, rotary_dim / 2), given together and only with new k, v. Returns
+    (rows of the table, positions the new tokens take from cache_seqlens[b] on: the queries one each when
+    ``per_token``, else all the first), or (None, 0) without them."""
+    if cos is None and sin is None:
+        return None, 0
+    if cos is None or sin is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if k is None:
+        raise ValueError("rotary_cos and rotary_sin turn the new tokens: pass k and v as well")
+    _tensor("q", q)
+    _tensor("k", k)
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        _tensor(name, t)
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be (seqlen_ro, rotary_dim / 2), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; float16, bfloat16 or float32 expected")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary_cos {tuple(cos.shape)} and rotary_sin {tuple(sin.shape)} must match")
+    if not 1 <= cos.shape[1] <= q.shape[-1] // 2:
+        raise ValueError(f"rotary_dim = 2 x rotary_cos.shape[1] = {2 * cos.shape[1]} must lie in [2, headdim = "
+                         f"{q.shape[-1]}]")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rotary_interleaved must be a bool, got {type(interleaved).__name__}")
+    return cos.shape[0], max(q.shape[1] if per_token else 1, k.shape[1])
 
 
 def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
@@ -231,7 +266,8 @@ def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
 
 
 def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, capacity):
-    """Every value check in one device-to-host copy: the lengths, then a flag per index table."""
+    """Every value check in one device-to-host copy: the lengths, then a flag per index table. Returns the
+    lengths."""
     batch, seqlen_new = q.shape[0], 0 if k is None else k.shape[1]
     if isinstance(cache_seqlens, torch.Tensor):
         lengths = cache_seqlens.long()
@@ -254,6 +290,7 @@ def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, 
         raise ValueError(f"block_table holds page indices outside [0, {k_cache.shape[0]})")
     if cache_batch_idx is not None and flags.pop(0):
         raise ValueError(f"cache_batch_idx holds indices outside [0, {k_cache.shape[0]})")
+    return lengths
 
 
 def partials(out_partials, lse_partials):

@@ -16,6 +16,7 @@ from .kernels.bwd import launch_bwd
 from .kernels.decode import arrival_slots, launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
 from .kernels.replay import stream_handle
+from .kernels.rotary import launch_rotary
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
 def _tma_ready(t):
@@ -200,6 +201,12 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
     if needs_grad or torch.compiler.is_compiling():
         return fwd(*args)
     return _fwd_impl(*args)
+
+
+def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
+    """x (batch, seqlen, nheads, headdim) turned by the rotary table at each token's position (kernels/rotary.py)."""
+    x, cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, cos, sin))
+    return launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved)
 
 
 def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table):

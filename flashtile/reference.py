@@ -82,3 +82,18 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, ca
         outs.append(o[0])
         lses.append(lse[0])
     return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def rotary(x, cos, sin, positions, interleaved):
+    """Rotary embedding in float64, spelled out per pair of features: x (batch, seqlen, nheads, headdim),
+    cos/sin (seqlen_ro, rotary_dim / 2), positions (batch, seqlen) of each token. Pairs are (2i, 2i + 1) when
+    ``interleaved``, else (i, i + rotary_dim / 2); features past rotary_dim are kept."""
+    half = cos.shape[1]
+    out = x.double().clone()
+    c = cos.double()[positions.long()][:, :, None, :]  # [batch, seqlen, 1, half]
+    s = sin.double()[positions.long()][:, :, None, :]
+    pair = torch.arange(half, device=x.device)
+    first, second = (2 * pair, 2 * pair + 1) if interleaved else (pair, pair + half)
+    a, b = out[..., first], out[..., second]
+    out[..., first], out[..., second] = a * c - b * s, a * s + b * c
+    return out

@@ -91,6 +91,68 @@ def test_append_new_tokens_causal(paged_cache, num_splits):
     assert_attention_close(out, ref, base)
 
 
+def _rotary_table(seqlen_ro, half):
+    """cos/sin of a real rotary table (angles position x frequency), float32."""
+    angles = torch.arange(seqlen_ro, device=DEVICE)[:, None] * 10000.0 ** (-torch.arange(half, device=DEVICE) / half)
+    return torch.cos(angles).float(), torch.sin(angles).float()
+
+
+@pytest.mark.parametrize("per_token", [True, False], ids=["per-token", "at-seqlen"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+@pytest.mark.parametrize("dims", [(64, 64), (64, 32), (40, 16)], ids=lambda d: f"d{d[0]}-rot{d[1]}")
+def test_rotary_kernel(dims, interleaved, per_token):
+    """kernels/rotary.py against the float64 reference, within 2x the rounding of that reference to fp16."""
+    from flashtile.kernels.rotary import launch_rotary
+    head_dim, rotary_dim = dims
+    x = randn(3, 5, 6, head_dim, dtype=torch.float16)
+    cos, sin = (t + 0.1 * torch.randn_like(t) for t in _rotary_table(60, rotary_dim // 2))  # not only unit pairs
+    seqlens = _i32([0, 9, 55])
+    out = launch_rotary(x, cos, sin, seqlens, per_token, interleaved)
+    steps = torch.arange(5, device=DEVICE) if per_token else torch.zeros(5, dtype=torch.long, device=DEVICE)
+    ref = reference.rotary(x, cos, sin, seqlens[:, None].long() + steps, interleaved)
+    err = (out.double() - ref).abs().max().item()
+    rounding = (ref.to(torch.float16).double() - ref).abs().max().item()
+    assert err <= 2 * rounding + 1e-6, f"max error {err:.3g} against fp16 rounding {rounding:.3g}"
+    assert torch.equal(out[..., rotary_dim:], x[..., rotary_dim:])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["contiguous", "paged16"])
+def test_append_with_rotary(paged_cache, interleaved, causal):
+    """New k turned at positions cache_seqlens + t before it is written; q at its own positions (causal) or all
+    at cache_seqlens (full), as flash-attn does; then attention over the updated cache."""
+    batch, capacity, nheads, nheads_k, head_dim, new = 3, 64, 8, 2, 64, 3
+    lengths = [0, 21, capacity - new]
+    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
+    k_new, v_new = (randn(batch, new, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    cos, sin = _rotary_table(capacity, 16)  # rotary_dim 32 of 64
+    seqlens = _i32(lengths)
+    steps = torch.arange(new, device=DEVICE)
+    positions = seqlens[:, None].long() + steps
+    q_rot = reference.rotary(q, cos, sin, positions if causal else positions[:, :1].expand(-1, new), interleaved)
+    k_rot = reference.rotary(k_new, cos, sin, positions, interleaved).to(torch.float16)
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths):
+        k_full[b, n:n + new], v_full[b, n:n + new] = k_rot[b], v_new[b]
+    kwargs = dict(cache_seqlens=seqlens, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved,
+                  causal=causal)
+    if paged_cache:
+        k_pages, table = paged(k_cache, 16)
+        v_pages = randn(*k_pages.shape, dtype=torch.float16)
+        v_pages[table.flatten().long()] = v_cache.reshape(-1, 16, nheads_k, head_dim)
+        out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, block_table=table, **kwargs)
+        k_after = k_pages[table.long()].reshape(batch, capacity, nheads_k, head_dim)
+    else:
+        out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+        k_after = k_cache
+    rounding = (k_rot.double() - reference.rotary(k_new, cos, sin, positions, interleaved)).abs().max().item()
+    assert (k_after.double() - k_full.double()).abs().max().item() <= 2 * rounding + 1e-6
+    ref, _, base = expected(q_rot.to(torch.float16), k_full, v_full, [n + new for n in lengths], causal=causal)
+    assert_attention_close(out, ref, base)
+
+
 def test_split_merge_leaves_its_counters_zeroed():
     """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
     call on new data is right too, and no counter is left counting."""
@@ -176,8 +238,20 @@ BAD = {
                     ValueError, "k and v must be given together"),
     "batch-idx-range": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc, vc, cache_batch_idx=_i32([0, 2])), ValueError, "cache_batch_idx holds"),
-    "rotary": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, rotary_cos=torch.ones(4, 32)),
-               NotImplementedError, "rotary_cos"),
+    "rotary-cos-only": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, kc[:, :1], vc[:, :1], cache_seqlens=1, rotary_cos=torch.ones(4, 32, device=DEVICE)), ValueError,
+        "rotary_cos and rotary_sin must be given together"),
+    "rotary-without-k": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, rotary_cos=torch.ones(4, 32, device=DEVICE), rotary_sin=torch.ones(4, 32, device=DEVICE)),
+        ValueError, "pass k and v"),
+    "rotary-dim": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, kc[:, :1], vc[:, :1], cache_seqlens=1, rotary_cos=torch.ones(80, 40, device=DEVICE),
+        rotary_sin=torch.ones(80, 40, device=DEVICE)), ValueError, "rotary_dim"),
+    "rotary-positions": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=_i32([3, 30]), rotary_cos=torch.ones(31, 16, device=DEVICE),
+        rotary_sin=torch.ones(31, 16, device=DEVICE)), ValueError, "positions up to 31"),
+    "leftpad": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, cache_leftpad=_i32([0, 1])),
+                NotImplementedError, "cache_leftpad"),
     "num-splits": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, num_splits=-1), ValueError,
                    "num_splits"),
     "combine-shape": (lambda q, kc, vc: flashtile.combine(q[None], torch.zeros(1, 2, 3, 1, device=DEVICE)),

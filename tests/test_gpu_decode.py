@@ -87,3 +87,29 @@ def test_decode_loop_replays_see_each_steps_tensors(page_size):
             lengths = [n + 1 for n in lengths]
             ref, _, base = expected(q, k_full, v_full, lengths)
             assert_attention_close(out, ref, base)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+def test_decode_with_rotary_bf16(interleaved):
+    """Rotary on q and the appended k at real sizes in bf16 (the interpreter's bf16 is not trusted)."""
+    from flashtile import reference
+    from test_decode import _rotary_table
+    batch, capacity, nheads, nheads_k, head_dim = 4, 8192, 32, 8, 128
+    lengths = [0, 3000, capacity - 1, 777]
+    q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k_new, v_new = (randn(batch, 1, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = _rotary_table(capacity, head_dim // 2)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    positions = seqlens[:, None].long()
+    q_rot = reference.rotary(q, cos, sin, positions, interleaved).to(torch.bfloat16)
+    k_rot = reference.rotary(k_new, cos, sin, positions, interleaved).to(torch.bfloat16)
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths):
+        k_full[b, n], v_full[b, n] = k_rot[b, 0], v_new[b, 0]
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, rotary_cos=cos,
+                                            rotary_sin=sin, rotary_interleaved=interleaved)
+    step = torch.finfo(torch.bfloat16).eps * k_rot.double().abs().max().item()
+    assert (k_cache.double() - k_full.double()).abs().max().item() <= step  # within one bf16 rounding
+    ref, _, base = expected(q_rot, k_full, v_full, [n + 1 for n in lengths])
+    assert_attention_close(out, ref, base)
