@@ -85,16 +85,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (seqlen_ro, rotary_dim / 2), with k and v: the new keys are turned at positions cache_seqlens[b] + t before
     they are written, the queries too (at cache_seqlens[b] + t if causal or windowed, else all at
     cache_seqlens[b]); ``rotary_interleaved`` pairs features (2i, 2i + 1), else (i, i + rotary_dim / 2).
+    ``cache_leftpad`` (int32 (batch,)): sequence b's keys start at that slot (left padding), up to
+    cache_seqlens[b]; rotary positions stay the slots' own indices.
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
     """
     checks.not_implemented(softcap=softcap, alibi_slopes=alibi_slopes)
-    if cache_leftpad is not None:
-        raise NotImplementedError("cache_leftpad is not supported by flashtile yet")
     window = checks.window(window_size, causal)
     per_token = window != (-1, -1)  # rotary positions: causal or windowed queries sit at their own tokens
     rotary_rows, rotary_span = checks.rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, per_token)
     paged, capacity = checks.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-                                     rotary_rows, rotary_span)
+                                     cache_leftpad, rotary_rows, rotary_span)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
@@ -113,7 +113,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table)
         seqlens = seqlens + k.shape[1]
     out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
-                                   num_splits)
+                                   num_splits, leftpad=cache_leftpad)
     return (out, lse) if return_softmax_lse else out
 
 

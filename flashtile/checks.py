@@ -164,22 +164,26 @@ def int32_vector(name, t, length, device):
 _KVCACHE_PASSED = {}  # the signature of every argument set whose shapes and types passed -> (paged, capacity)
 
 
-def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_rows=None,
-            rotary_span=0):
+def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad=None,
+            rotary_rows=None, rotary_span=0):
     """Shapes, dtypes and (outside tracing) values of flash_attn_with_kvcache's arguments; with ``rotary_rows``
     (rows of rotary_cos), also that the ``rotary_span`` positions from cache_seqlens[b] on exist there.
     Returns (paged, capacity): capacity = keys one sequence's cache can hold. A decode loop passes the same
     shapes every step, so the shape and type checks run once per signature; the value checks run on every
     call while they are on."""
-    key = (_signature(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table), interpreter_enabled())
+    key = (_signature(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad),
+           interpreter_enabled())
     known = _KVCACHE_PASSED.get(key)
     if known is None:
         known = _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+        if cache_leftpad is not None:
+            int32_vector("cache_leftpad", cache_leftpad, q.shape[0], q.device)
         if len(_KVCACHE_PASSED) >= 1024:
             _KVCACHE_PASSED.clear()
         _KVCACHE_PASSED[key] = known
     if _host_checks_allowed(q):
-        lengths = _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, known[1])
+        lengths = _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, cache_leftpad,
+                                  known[1])
         if rotary_rows is not None and max(lengths) + rotary_span > rotary_rows:
             raise ValueError(f"rotary_cos/rotary_sin have {rotary_rows} positions; the new tokens take positions "
                              f"up to {max(lengths) + rotary_span - 1} (cache_seqlens {lengths})")
@@ -265,7 +269,7 @@ def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
     return block_table is not None, capacity
 
 
-def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, capacity):
+def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, cache_leftpad, capacity):
     """Every value check in one device-to-host copy: the lengths, then a flag per index table. Returns the
     lengths."""
     batch, seqlen_new = q.shape[0], 0 if k is None else k.shape[1]
@@ -281,6 +285,8 @@ def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, 
         flags.append((((block_table < 0) | (block_table >= k_cache.shape[0])) & used).any())
     if cache_batch_idx is not None:
         flags.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any())
+    if cache_leftpad is not None:
+        flags.append(((cache_leftpad < 0) | (cache_leftpad > lengths)).any())
     values = torch.cat([lengths, torch.stack(flags).long()]).tolist() if flags else lengths.tolist()
     lengths, flags = values[:batch], values[batch:]
     if min(lengths) < 0 or max(lengths) + seqlen_new > capacity:
@@ -290,6 +296,8 @@ def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, 
         raise ValueError(f"block_table holds page indices outside [0, {k_cache.shape[0]})")
     if cache_batch_idx is not None and flags.pop(0):
         raise ValueError(f"cache_batch_idx holds indices outside [0, {k_cache.shape[0]})")
+    if cache_leftpad is not None and flags.pop(0):
+        raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] for each sequence (cache_seqlens {lengths})")
     return lengths
 
 

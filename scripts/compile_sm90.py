@@ -40,7 +40,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
             sig[name] = f"*{dtype}"
         elif name == "__never__":
             sig[name] = "*fp32"
-        elif name.startswith("cu_seqlens") or name in ("cache_seqlens", "block_table", "batch_idx", "arrivals"):
+        elif name.startswith("cu_seqlens") or name in ("cache_seqlens", "block_table", "batch_idx", "arrivals",
+                                                       "cache_leftpad"):
             sig[name] = "*i32"
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
@@ -88,7 +89,7 @@ def main():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
                           USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
-                          MERGE_ROWS=4, HAS_BATCH_IDX=True, DOT_PRECISION="tf32")
+                          MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, DOT_PRECISION="tf32")
             tensors = dict(K=cfg.block_n, V=cfg.block_n)
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)

@@ -153,6 +153,36 @@ def test_append_with_rotary(paged_cache, interleaved, causal):
     assert_attention_close(out, ref, base)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["contiguous", "paged16"])
+def test_cache_leftpad(paged_cache, num_splits):
+    """Sequence b attends to slots [cache_leftpad[b], cache_seqlens[b]) plus two appended tokens, causally;
+    a sequence whose pad covers every slot sees only its new tokens."""
+    batch, capacity, nheads, nheads_k, head_dim, new = 4, 96, 8, 2, 64, 2
+    lengths, pads = [40, 90, 7, 50], [0, 33, 7, 49]
+    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
+    k_new, v_new = (randn(batch, new, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths):
+        k_full[b, n:n + new], v_full[b, n:n + new] = k_new[b], v_new[b]
+    kwargs = dict(cache_seqlens=_i32(lengths), cache_leftpad=_i32(pads), causal=True, num_splits=num_splits,
+                  return_softmax_lse=True)
+    with poisoned_outputs():
+        if paged_cache:
+            k_pages, table = paged(k_cache, 16)
+            v_pages = randn(*k_pages.shape, dtype=torch.float16)
+            v_pages[table.flatten().long()] = v_cache.reshape(-1, 16, nheads_k, head_dim)
+            out, lse = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, block_table=table,
+                                                         **kwargs)
+        else:
+            out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+    for b, (n, pad) in enumerate(zip(lengths, pads)):
+        ref, ref_lse, base = expected(q[b:b + 1], k_full[b:b + 1, pad:], v_full[b:b + 1, pad:], [n + new - pad],
+                                      causal=True)
+        assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
+
+
 def test_split_merge_leaves_its_counters_zeroed():
     """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
     call on new data is right too, and no counter is left counting."""
@@ -250,8 +280,11 @@ BAD = {
     "rotary-positions": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=_i32([3, 30]), rotary_cos=torch.ones(31, 16, device=DEVICE),
         rotary_sin=torch.ones(31, 16, device=DEVICE)), ValueError, "positions up to 31"),
-    "leftpad": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, cache_leftpad=_i32([0, 1])),
-                NotImplementedError, "cache_leftpad"),
+    "leftpad-beyond": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=_i32([5, 9]), cache_leftpad=_i32([0, 10])), ValueError, "cache_leftpad must lie"),
+    "leftpad-int64": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=_i32([5, 9]), cache_leftpad=_i32([0, 1]).long()), TypeError,
+        "cache_leftpad must be int32"),
     "num-splits": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, num_splits=-1), ValueError,
                    "num_splits"),
     "combine-shape": (lambda q, kc, vc: flashtile.combine(q[None], torch.zeros(1, 2, 3, 1, device=DEVICE)),

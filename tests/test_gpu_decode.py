@@ -9,6 +9,16 @@ from test_decode import expected, paged
 pytestmark = pytest.mark.gpu
 
 
+def _kvcache_call(q, k_cache, v_cache, page_size, **kwargs):
+    """flash_attn_with_kvcache on the cache as it is (page_size 0) or as shuffled pages of page_size slots."""
+    if not page_size:
+        return flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    k_pages, table = paged(k_cache, page_size)
+    v_pages = torch.empty_like(k_pages)
+    v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
+    return flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **kwargs)
+
+
 @pytest.mark.parametrize("page_size", [0, 16, 256], ids=["contiguous", "page16", "page256"])
 @pytest.mark.parametrize("new_tokens", [1, 5], ids=["decode", "spec5"])
 def test_decode_real_sizes(page_size, new_tokens):
@@ -22,14 +32,7 @@ def test_decode_real_sizes(page_size, new_tokens):
     k_full, v_full = k_cache.clone(), v_cache.clone()
     for b, n in enumerate(lengths):
         k_full[b, n - new_tokens:n], v_full[b, n - new_tokens:n] = k_new[b], v_new[b]
-    kwargs = dict(k=k_new, v=v_new, cache_seqlens=seqlens, causal=True)
-    if page_size:
-        k_pages, table = paged(k_cache, page_size)
-        v_pages = torch.empty_like(k_pages)
-        v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, nheads_k, head_dim)
-        out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **kwargs)
-    else:
-        out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    out = _kvcache_call(q, k_cache, v_cache, page_size, k=k_new, v=v_new, cache_seqlens=seqlens, causal=True)
     ref, _, base = expected(q, k_full, v_full, lengths, causal=True)
     assert_attention_close(out, ref, base)
 
@@ -113,3 +116,18 @@ def test_decode_with_rotary_bf16(interleaved):
     assert (k_cache.double() - k_full.double()).abs().max().item() <= step  # within one bf16 rounding
     ref, _, base = expected(q_rot, k_full, v_full, [n + 1 for n in lengths])
     assert_attention_close(out, ref, base)
+
+
+@pytest.mark.parametrize("page_size", [0, 256], ids=["contiguous", "page256"])
+def test_decode_with_cache_leftpad_bf16(page_size):
+    """Left-padded sequences at real sizes: each attends to slots [cache_leftpad[b], cache_seqlens[b])."""
+    batch, capacity, nheads, nheads_k, head_dim = 4, 16384, 32, 8, 128
+    lengths, pads = [16384, 3000, 9999, 513], [0, 2999, 4096, 1]
+    q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out = _kvcache_call(q, k_cache, v_cache, page_size,
+                        cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE),
+                        cache_leftpad=torch.tensor(pads, dtype=torch.int32, device=DEVICE))
+    for b, (n, pad) in enumerate(zip(lengths, pads)):
+        ref, _, base = expected(q[b:b + 1], k_cache[b:b + 1, pad:], v_cache[b:b + 1, pad:], [n - pad])
+        assert_attention_close(out[b:b + 1], ref, base)

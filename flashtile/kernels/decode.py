@@ -27,14 +27,14 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx,
+    Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad,
     stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
     stride_out_h, stride_lse_b, stride_lse_h, stride_bt, seqlen_q, nheads_k, page_size, chunk, qk_scale, left,
     right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
     MASK_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    HAS_BATCH_IDX: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
     LSE, and the last split of a (batch, KV head, row tile) to arrive merges them into Out and LSE; without,
@@ -61,6 +61,8 @@ def flash_decode_split_kernel(
         end = tl.minimum(end, last_token + diag + right + 1)
     if MASK_LEFT:
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
+    if HAS_LEFTPAD:  # the sequence's keys start at cache_leftpad[b]: the slots before it are padding
+        start = tl.maximum(start, tl.load(cache_leftpad + b))
     if not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64) if HAS_BATCH_IDX else b
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -191,10 +193,11 @@ _REPLAYS = Replays()  # see launch_decode
 
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, arrivals=None):
+                  softmax_scale, window_size, config, arrivals=None, leftpad=None):
     """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q) in one launch: a program per
     (split of ``chunk`` keys, batch, KV head, tile of query rows). With several splits, ``arrivals`` holds
-    int32 zeros, one per (batch, KV head, row tile), and is left zeroed.
+    int32 zeros, one per (batch, KV head, row tile), and is left zeroed. ``leftpad`` (int32 (batch,)): the
+    keys of sequence b are cache slots [leftpad[b], cache_seqlens[b]).
 
     A decode loop calls this with the same shapes, cache and options every step: the first call of a key
     builds the launch, later ones replay it with the step's tensors (kernels/replay.py). The key holds the
@@ -202,8 +205,8 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(),
            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype, out.stride(), lse.stride(),
            block_table is None or block_table.shape, block_table is None or block_table.stride(), batch_idx is None,
-           arrivals is None, num_splits, chunk, softmax_scale, window_size, config,
-           aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals))
+           leftpad is None, arrivals is None, num_splits, chunk, softmax_scale, window_size, config,
+           aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals, leftpad))
     replay = _REPLAYS.get(key)
     split = num_splits > 1
     if split:
@@ -214,15 +217,16 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
         out_part, lse_part = out, lse
     if replay is None:
         replay = _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table,
-                               batch_idx, num_splits, chunk, softmax_scale, window_size, config)
+                               batch_idx, leftpad, num_splits, chunk, softmax_scale, window_size, config)
         _REPLAYS.put(key, replay)
     else:
         caches = () if replay.descriptors else (k_cache, v_cache)
-        replay.run(q.device, q, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, *caches)
+        replay.run(q.device, q, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
+                   *caches)
 
 
 def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
-                  num_splits, chunk, softmax_scale, window_size, config):
+                  leftpad, num_splits, chunk, softmax_scale, window_size, config):
     """Launch through Triton's usual path and return the Replay of it."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
@@ -238,7 +242,7 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
     split = num_splits > 1
     part_strides = (*out_part.stride()[:4], *lse_part.stride()[:3]) if split else (0,) * 7
     grid = (num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))
-    args = (q, k_arg, v_arg, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
+    args = (q, k_arg, v_arg, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *out.stride()[:3],
             lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
             seqlen_q, nheads_k, page_size, chunk, softmax_scale * 1.4426950408889634, max(left, 0), max(right, 0))
@@ -246,9 +250,10 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
-                  DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
-                  num_stages=config.num_stages)
-    slots = ["Q", "O_part", "LSE_part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx"]
+                  HAS_LEFTPAD=leftpad is not None, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    slots = ["Q", "O_part", "LSE_part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx",
+             "cache_leftpad"]
     replay = Replay(flash_decode_split_kernel, grid, args, kwargs, slots + ([] if use_tma else ["K", "V"]))
     if use_tma and replay.compiled is not None:  # the key pins the caches' addresses: keep their descriptors
         replay.descriptors = [detach_descriptor(d) for d in (k_arg, v_arg)]
