@@ -108,9 +108,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     batch_idx = None if paged else cache_batch_idx  # None: sequence b is cache row b
     if rotary_cos is not None:
         q = ops.rotary(q, rotary_cos, rotary_sin, seqlens, per_token, rotary_interleaved)
-        k = ops.rotary(k, rotary_cos, rotary_sin, seqlens, True, rotary_interleaved)
     if k is not None:
-        ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table)
+        ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table, rotary_cos, rotary_sin,
+                            rotary_interleaved)
         seqlens = seqlens + k.shape[1]
     out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
                                    num_splits, leftpad=cache_leftpad)

@@ -16,7 +16,7 @@ from .kernels.bwd import launch_bwd
 from .kernels.decode import arrival_slots, launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
 from .kernels.replay import stream_handle
-from .kernels.rotary import launch_rotary
+from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
 def _tma_ready(t):
@@ -204,23 +204,18 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
 
 
 def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
-    """x (batch, seqlen, nheads, headdim) turned by the rotary table at each token's position (kernels/rotary.py)."""
+    """x (batch, seqlen, nheads, headdim) turned by the rotary table at each token's position
+    (kernels/new_tokens.py)."""
     x, cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, cos, sin))
     return launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved)
 
 
-def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table):
-    """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place."""
-    positions = cache_seqlens[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [batch, seqlen_new]
-    if block_table is None:
-        if batch_idx is None:
-            batch_idx = torch.arange(k.shape[0], device=k.device)
-        rows, slots = batch_idx[:, None].long().expand_as(positions), positions
-    else:
-        page_size = k_cache.shape[1]
-        rows, slots = block_table.long().gather(1, positions // page_size), positions % page_size
-    k_cache[rows, slots] = k
-    v_cache[rows, slots] = v
+def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table, cos=None, sin=None,
+                    interleaved=True):
+    """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place, in
+    one launch (kernels/new_tokens.py); k turned by the rotary table cos, sin first when given."""
+    k, v, cos, sin = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (k, v, cos, sin))
+    launch_append(k, v, k_cache, v_cache, cache_seqlens, block_table, batch_idx, cos, sin, interleaved)
 
 
 def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,

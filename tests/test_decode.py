@@ -101,8 +101,8 @@ def _rotary_table(seqlen_ro, half):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
 @pytest.mark.parametrize("dims", [(64, 64), (64, 32), (40, 16)], ids=lambda d: f"d{d[0]}-rot{d[1]}")
 def test_rotary_kernel(dims, interleaved, per_token):
-    """kernels/rotary.py against the float64 reference, within 2x the rounding of that reference to fp16."""
-    from flashtile.kernels.rotary import launch_rotary
+    """kernels/new_tokens.py against the float64 reference, within 2x the rounding of that reference to fp16."""
+    from flashtile.kernels.new_tokens import launch_rotary
     head_dim, rotary_dim = dims
     x = randn(3, 5, 6, head_dim, dtype=torch.float16)
     cos, sin = (t + 0.1 * torch.randn_like(t) for t in _rotary_table(60, rotary_dim // 2))  # not only unit pairs
@@ -205,6 +205,21 @@ def test_cache_batch_idx_and_int_seqlens():
     idx = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE)
     out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=70, cache_batch_idx=idx)
     ref, _, base = expected(q, k_cache[idx.long()], v_cache[idx.long()], [70, 70])
+    assert_attention_close(out, ref, base)
+
+
+def test_append_through_cache_batch_idx_odd_head_dim():
+    """The append writes sequence b's tokens into cache row cache_batch_idx[b] (head dim 40, MQA) and nowhere else."""
+    q = randn(2, 2, 4, 40, dtype=torch.float16)
+    k_cache, v_cache = (randn(5, 30, 1, 40, dtype=torch.float16) for _ in range(2))
+    k_new, v_new = (randn(2, 2, 1, 40, dtype=torch.float16) for _ in range(2))
+    idx = _i32([3, 1])
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    k_full[idx.long(), 10:12], v_full[idx.long(), 10:12] = k_new, v_new
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=10, cache_batch_idx=idx,
+                                            causal=True)
+    assert torch.equal(k_cache, k_full) and torch.equal(v_cache, v_full)
+    ref, _, base = expected(q, k_full[idx.long()], v_full[idx.long()], [12, 12], causal=True)
     assert_attention_close(out, ref, base)
 
 
