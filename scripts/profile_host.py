@@ -38,9 +38,16 @@ def main():
     arrivals = ops._arrivals(q.device, 64)
     x = torch.empty(1, device="cuda")
     qf, kf, vf = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k1, v1 = (torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     rows = {
         "decode: flash_attn_with_kvcache": lambda: flashtile.flash_attn_with_kvcache(q, k_cache, v_cache,
                                                                                      cache_seqlens=seqlens),
+        "decode step, 1 new token appended": lambda: flashtile.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k1, v1, cache_seqlens=seqlens - 1),
+        "append: ops.append_to_cache (one launch)": lambda: ops.append_to_cache(k_cache, v_cache, k1, v1, seqlens - 1,
+                                                                             None, None),
+        "append: torch indexing (before decode v7)": lambda: _append_by_indexing(k_cache, v_cache, k1, v1,
+                                                                               seqlens - 1),
         "decode: checks.kvcache": lambda: checks.kvcache(q, k_cache, v_cache, None, None, seqlens, None, None),
         "decode: ops.kvcache_forward": lambda: ops.kvcache_forward(q, k_cache, v_cache, seqlens, None, None, 4096,
                                                                    0.088, (-1, -1), 0),
@@ -56,6 +63,14 @@ def main():
     }
     for name, fn in rows.items():
         print(f"{name}: {per_call_us(fn):.1f} us", flush=True)
+
+
+def _append_by_indexing(k_cache, v_cache, k, v, cache_seqlens):
+    """The append as it was before decode v7 (contiguous cache), kept here to time against."""
+    positions = cache_seqlens[:, None].long() + torch.arange(k.shape[1], device=k.device)
+    rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(positions)
+    k_cache[rows, positions] = k
+    v_cache[rows, positions] = v
 
 
 def sdpa_cudnn(q, k, v):

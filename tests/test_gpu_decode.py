@@ -64,8 +64,9 @@ def test_decode_under_cuda_graph():
 def test_decode_loop_replays_see_each_steps_tensors(page_size):
     """A decode loop keeps its shapes, so after the first step every launch is a replay (kernels/replay.py):
     each step's q, new keys and lengths must be the ones read, and a second cache of the same shape (another
-    address, so another launch key) must be read, not the first."""
-    from flashtile.kernels import decode
+    address, so another launch key) must be read, not the first. The append replays too (its key has no
+    address)."""
+    from flashtile.kernels import decode, new_tokens
     batch, capacity, nheads, nheads_k, head_dim = 2, 8192, 32, 8, 128
     for cache_round in range(2):
         k_full, v_full = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
@@ -80,11 +81,12 @@ def test_decode_loop_replays_see_each_steps_tensors(page_size):
             q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)
             k_new, v_new = (randn(batch, 1, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
             seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
-            keys_before = set(decode._REPLAYS.replays)
+            keys_before = set(decode._REPLAYS.replays), set(new_tokens._REPLAYS.replays)
             out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=seqlens,
                                                     block_table=table)
             if step:
-                assert set(decode._REPLAYS.replays) == keys_before, "a step with unchanged shapes was not replayed"
+                assert (set(decode._REPLAYS.replays), set(new_tokens._REPLAYS.replays)) == keys_before, \
+                    "a step with unchanged shapes was not replayed"
             for b, n in enumerate(lengths):
                 k_full[b, n], v_full[b, n] = k_new[b, 0], v_new[b, 0]
             lengths = [n + 1 for n in lengths]

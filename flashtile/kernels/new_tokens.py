@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .replay import Replay, Replays, aligned
+
 
 @triton.jit
 def _copy_turned(x_rows, o_rows, Cos, Sin, pos, stride_cos, stride_sin, nheads, HEAD_DIM: tl.constexpr,
@@ -91,15 +93,30 @@ def _tiles(x, cos):
                 HEAD_DIM_PAD=triton.next_power_of_2(x.shape[-1]), BLOCK_H=triton.next_power_of_2(x.shape[2]))
 
 
+_REPLAYS = Replays()  # a decode loop repeats its shapes: later steps replay the launch (kernels/replay.py)
+
+
+def _launch(kernel, grid, key, slots, tensors, scalars, kwargs):
+    """``kernel[grid](*tensors, *scalars, **kwargs)``, replayed with new ``tensors`` when ``key`` was seen."""
+    replay = _REPLAYS.get(key)
+    if replay is None:
+        _REPLAYS.put(key, Replay(kernel, grid, tensors + scalars, kwargs, slots))
+    else:
+        replay.run(tensors[0].device, *tensors)
+
+
 def launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
     """x (batch, seqlen, nheads, headdim) turned by cos, sin (seqlen_ro, rotary_dim / 2) at the positions above;
     cache_seqlens int32 (batch,). Returns a new tensor shaped like x."""
     batch, seqlen, nheads, _ = x.shape
     out = torch.empty_like(x)
-    rotary_kernel[(seqlen, batch)](
-        x, out, cos, sin, cache_seqlens, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
-        out.stride(2), cos.stride(0), sin.stride(0), nheads, PER_TOKEN=per_token, INTERLEAVED=interleaved,
-        **_tiles(x, cos))
+    tensors = (x, out, cos, sin, cache_seqlens)
+    key = ("rotary", x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, sin.stride(),
+           sin.dtype, per_token, interleaved, aligned(*tensors))
+    scalars = (x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), cos.stride(0),
+               sin.stride(0), nheads)
+    _launch(rotary_kernel, (seqlen, batch), key, ["X", "Out", "Cos", "Sin", "cache_seqlens"], tensors, scalars,
+            dict(PER_TOKEN=per_token, INTERLEAVED=interleaved, **_tiles(x, cos)))
     return out
 
 
@@ -110,9 +127,15 @@ def launch_append(k, v, k_cache, v_cache, cache_seqlens, block_table, batch_idx,
     nheads_k, headdim), or paged (num_pages, page_size, nheads_k, headdim) with block_table (batch, max_pages)."""
     batch, seqlen_new, nheads_k, _ = k.shape
     paged = block_table is not None
-    append_kernel[(seqlen_new, batch)](
-        k, v, k_cache, v_cache, cos, sin, cache_seqlens, block_table, batch_idx, *k.stride()[:3], *v.stride()[:3],
-        *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0) if paged else 0,
-        0 if cos is None else cos.stride(0), 0 if sin is None else sin.stride(0), nheads_k,
-        k_cache.shape[1] if paged else 0, ROTARY=cos is not None, INTERLEAVED=interleaved, PAGED=paged,
-        HAS_BATCH_IDX=batch_idx is not None, **_tiles(k, cos))
+    tensors = (k, v, k_cache, v_cache, cos, sin, cache_seqlens, block_table, batch_idx)
+    key = ("append", k.shape, k.stride(), v.stride(), k.dtype, k.device, k_cache.shape, k_cache.stride(),
+           v_cache.stride(), None if cos is None else (cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype),
+           None if block_table is None else (block_table.shape, block_table.stride()), batch_idx is None,
+           interleaved, aligned(*tensors))
+    scalars = (*k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+               block_table.stride(0) if paged else 0, 0 if cos is None else cos.stride(0),
+               0 if sin is None else sin.stride(0), nheads_k, k_cache.shape[1] if paged else 0)
+    _launch(append_kernel, (seqlen_new, batch), key,
+            ["K", "V", "K_cache", "V_cache", "Cos", "Sin", "cache_seqlens", "block_table", "batch_idx"], tensors,
+            scalars, dict(ROTARY=cos is not None, INTERLEAVED=interleaved, PAGED=paged,
+                          HAS_BATCH_IDX=batch_idx is not None, **_tiles(k, cos)))
