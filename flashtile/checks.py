@@ -227,6 +227,9 @@ def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
             raise ValueError(f"{name} must have rank 4 and a non-empty first dim, got shape {tuple(t.shape)}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must match")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:  # written in place and read as rows: no contiguous copy can stand in for it
+            raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
     # the cache's first dim (sequences or pages) need not be q's batch: check the rest against a stand-in
     qkv(q, k_cache[:1].expand(q.shape[0], *k_cache.shape[1:]), v_cache[:1].expand(q.shape[0], *v_cache.shape[1:]),
         packed=False, names=("q", "k_cache", "v_cache"))
@@ -297,7 +300,8 @@ def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, 
     if cache_batch_idx is not None and flags.pop(0):
         raise ValueError(f"cache_batch_idx holds indices outside [0, {k_cache.shape[0]})")
     if cache_leftpad is not None and flags.pop(0):
-        raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] for each sequence (cache_seqlens {lengths})")
+        raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] for every sequence b "
+                         f"(cache_seqlens {lengths})")
     return lengths
 
 

@@ -15,8 +15,8 @@ from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
 from .kernels.decode import arrival_slots, launch_combine, launch_decode
 from .kernels.fwd import launch_fwd
-from .kernels.replay import stream_handle
 from .kernels.new_tokens import launch_append, launch_rotary
+from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
 def _tma_ready(t):

@@ -295,6 +295,9 @@ BAD = {
     "rotary-positions": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=_i32([3, 30]), rotary_cos=torch.ones(31, 16, device=DEVICE),
         rotary_sin=torch.ones(31, 16, device=DEVICE)), ValueError, "positions up to 31"),
+    "cache-strided-last-dim": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc.transpose(-1, -2).contiguous().transpose(-1, -2), vc), ValueError,
+        "k_cache must have a contiguous last dimension"),
     "leftpad-beyond": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc, vc, cache_seqlens=_i32([5, 9]), cache_leftpad=_i32([0, 10])), ValueError, "cache_leftpad must lie"),
     "leftpad-int64": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
