@@ -86,10 +86,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     they are written, the queries too (at cache_seqlens[b] + t if causal or windowed, else all at
     cache_seqlens[b]); ``rotary_interleaved`` pairs features (2i, 2i + 1), else (i, i + rotary_dim / 2).
     ``cache_leftpad`` (int32 (batch,)): sequence b's keys start at that slot (left padding), up to
-    cache_seqlens[b]; rotary positions stay the slots' own indices.
+    cache_seqlens[b]; rotary positions stay the slots' own indices. ``softcap`` > 0 caps the scores:
+    softcap · tanh(softmax_scale · q·k / softcap).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
     """
-    checks.not_implemented(softcap=softcap, alibi_slopes=alibi_slopes)
+    checks.not_implemented(alibi_slopes=alibi_slopes)
+    softcap = checks.softcap(softcap)
     window = checks.window(window_size, causal)
     per_token = window != (-1, -1)  # rotary positions: causal or windowed queries sit at their own tokens
     rotary_rows, rotary_span = checks.rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, per_token)
@@ -113,7 +115,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved)
         seqlens = seqlens + k.shape[1]
     out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
-                                   num_splits, leftpad=cache_leftpad)
+                                   num_splits, leftpad=cache_leftpad, softcap=softcap)
     return (out, lse) if return_softmax_lse else out
 
 

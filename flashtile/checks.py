@@ -28,6 +28,13 @@ def _tensor(name, t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def softcap(value):
+    """flash-attn's softcap: a number >= 0 (0: off). Returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {value!r}")
+    return float(value)
+
+
 def not_implemented(**options):
     """Options flashtile does not implement yet must keep their neutral value."""
     neutral = {"dropout_p": 0.0, "softcap": 0.0, "alibi_slopes": None, "attn_mask": None}

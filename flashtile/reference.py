@@ -55,17 +55,20 @@ def weighted_values(p, v, nheads):
 
 
 def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), bottom_right=True,
-              upcast=True):
+              upcast=True, softcap=0.0):
     """Naive attention on (batch, seqlen, nheads, headdim). Returns (out, lse[batch, nheads, seqlen_q]).
 
     ``upcast=True`` computes in float64 (the oracle) and returns a float64 out; ``upcast=False``
-    computes in the inputs' own dtype, as a plain PyTorch user would.
+    computes in the inputs' own dtype, as a plain PyTorch user would. ``softcap`` > 0 replaces each
+    score s by softcap · tanh(s / softcap) (flash-attn's softcap).
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
     s = scores(q, k, softmax_scale)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     allowed = allowed_keys(q.shape[1], k.shape[1], causal, window_size, bottom_right, q.device)
     p, lse = softmax_rows(s, allowed)
     return weighted_values(p, v, q.shape[2]), lse.float()

@@ -20,7 +20,7 @@ from flashtile.kernels.bwd import flash_bwd_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
 
-FLOATS = {"qk_scale", "softmax_scale"}
+FLOATS = {"qk_scale", "softmax_scale", "softcap_scale"}
 TARGET = GPUTarget("cuda", 90, 32)
 
 
@@ -89,7 +89,8 @@ def main():
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
                           USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
-                          MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, DOT_PRECISION="tf32")
+                          MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
+                          DOT_PRECISION="tf32")
             tensors = dict(K=cfg.block_n, V=cfg.block_n)
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)

@@ -183,6 +183,26 @@ def test_cache_leftpad(paged_cache, num_splits):
         assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["1split", "4splits"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_softcap(causal, num_splits):
+    """Scores capped at ±softcap by tanh (flash-attn's softcap, as Gemma 2 uses it), against the float64
+    reference with the same cap, within 2x of that reference run in fp16."""
+    softcap, lengths = 2.0, [1, 70, 200]
+    q = randn(3, 2, 8, 64, dtype=torch.float16) * 3  # scores well past the cap
+    k_cache, v_cache = (randn(3, 200, 2, 64, dtype=torch.float16) for _ in range(2))
+    with poisoned_outputs():
+        out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=_i32(lengths), causal=causal,
+                                                     softcap=softcap, num_splits=num_splits, return_softmax_lse=True)
+    for b, n in enumerate(lengths):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+        ref, ref_lse = reference.attention(*args, causal=causal, softcap=softcap)
+        base, _ = reference.attention(*args, causal=causal, softcap=softcap, upcast=False)
+        assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
+    plain = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=_i32(lengths), causal=causal)
+    assert (plain - out).abs().max() > 0.1, "the cap changed nothing: the test would not see it missing"
+
+
 def test_split_merge_leaves_its_counters_zeroed():
     """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
     call on new data is right too, and no counter is left counting."""
@@ -298,6 +318,8 @@ BAD = {
     "cache-strided-last-dim": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc.transpose(-1, -2).contiguous().transpose(-1, -2), vc), ValueError,
         "k_cache must have a contiguous last dimension"),
+    "softcap-negative": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, softcap=-1.0), ValueError,
+                         "softcap must be"),
     "leftpad-beyond": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc, vc, cache_seqlens=_i32([5, 9]), cache_leftpad=_i32([0, 10])), ValueError, "cache_leftpad must lie"),
     "leftpad-int64": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(

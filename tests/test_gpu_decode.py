@@ -133,3 +133,19 @@ def test_decode_with_cache_leftpad_bf16(page_size):
     for b, (n, pad) in enumerate(zip(lengths, pads)):
         ref, _, base = expected(q[b:b + 1], k_cache[b:b + 1, pad:], v_cache[b:b + 1, pad:], [n - pad])
         assert_attention_close(out[b:b + 1], ref, base)
+
+
+@pytest.mark.parametrize("page_size", [0, 64], ids=["contiguous", "page64"])
+def test_decode_softcap_bf16(page_size):
+    """softcap at real sizes in bf16, against the float64 reference with the same cap."""
+    from flashtile import reference
+    q = randn(2, 3, 32, 128, dtype=torch.bfloat16) * 4
+    k_cache, v_cache = (randn(2, 8192, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    lengths = [8192, 1234]
+    out = _kvcache_call(q, k_cache, v_cache, page_size, causal=True, softcap=30.0,
+                        cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
+    for b, n in enumerate(lengths):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+        ref, _ = reference.attention(*args, causal=True, softcap=30.0)
+        base, _ = reference.attention(*args, causal=True, softcap=30.0, upcast=False)
+        assert_attention_close(out[b:b + 1], ref, base)

@@ -26,19 +26,26 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def tanh(x):
+    """tanh from one exp2: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2 * LOG2E)) + 1.0)
+
+
+@triton.jit
 def flash_decode_split_kernel(
     Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad,
     stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
-    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, seqlen_q, nheads_k, page_size, chunk, qk_scale, left,
-    right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
+    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, seqlen_q, nheads_k, page_size, chunk, qk_scale,
+    softcap_scale, left, right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
     MASK_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
     LSE, and the last split of a (batch, KV head, row tile) to arrive merges them into Out and LSE; without,
-    the single split writes Out and LSE itself."""
+    the single split writes Out and LSE itself. With SOFTCAP the scores are tanh(q·k · softcap_scale), and
+    qk_scale carries the cap (flash-attn's softcap: cap · tanh(scale · q·k / cap))."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads_k).to(tl.int64)
@@ -85,6 +92,8 @@ def flash_decode_split_kernel(
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
                         mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:
+            qk = tanh(qk * softcap_scale)
         ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
         qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
@@ -193,11 +202,12 @@ _REPLAYS = Replays()  # see launch_decode
 
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, arrivals=None, leftpad=None):
+                  softmax_scale, window_size, config, arrivals=None, leftpad=None, softcap=0.0):
     """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q) in one launch: a program per
     (split of ``chunk`` keys, batch, KV head, tile of query rows). With several splits, ``arrivals`` holds
     int32 zeros, one per (batch, KV head, row tile), and is left zeroed. ``leftpad`` (int32 (batch,)): the
-    keys of sequence b are cache slots [leftpad[b], cache_seqlens[b]).
+    keys of sequence b are cache slots [leftpad[b], cache_seqlens[b]). ``softcap`` > 0 caps the
+    scores at ±softcap by tanh.
 
     A decode loop calls this with the same shapes, cache and options every step: the first call of a key
     builds the launch, later ones replay it with the step's tensors (kernels/replay.py). The key holds the
@@ -205,7 +215,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(),
            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype, out.stride(), lse.stride(),
            block_table is None or block_table.shape, block_table is None or block_table.stride(), batch_idx is None,
-           leftpad is None, arrivals is None, num_splits, chunk, softmax_scale, window_size, config,
+           leftpad is None, arrivals is None, num_splits, chunk, softmax_scale, softcap, window_size, config,
            aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals, leftpad))
     replay = _REPLAYS.get(key)
     split = num_splits > 1
@@ -217,7 +227,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
         out_part, lse_part = out, lse
     if replay is None:
         replay = _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table,
-                               batch_idx, leftpad, num_splits, chunk, softmax_scale, window_size, config)
+                               batch_idx, leftpad, num_splits, chunk, softmax_scale, softcap, window_size, config)
         _REPLAYS.put(key, replay)
     else:
         caches = () if replay.descriptors else (k_cache, v_cache)
@@ -226,7 +236,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
 
 
 def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
-                  leftpad, num_splits, chunk, softmax_scale, window_size, config):
+                  leftpad, num_splits, chunk, softmax_scale, softcap, window_size, config):
     """Launch through Triton's usual path and return the Replay of it."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
@@ -245,13 +255,15 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
     args = (q, k_arg, v_arg, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *out.stride()[:3],
             lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
-            seqlen_q, nheads_k, page_size, chunk, softmax_scale * 1.4426950408889634, max(left, 0), max(right, 0))
+            seqlen_q, nheads_k, page_size, chunk, (softcap if softcap else softmax_scale) * 1.4426950408889634,
+            softmax_scale / softcap if softcap else 0.0, max(left, 0), max(right, 0))
     block_s = max(2, next_pow2(num_splits))
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
-                  HAS_LEFTPAD=leftpad is not None, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+                  HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0,
+                  DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
+                  num_stages=config.num_stages)
     slots = ["Q", "O_part", "LSE_part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx",
              "cache_leftpad"]
     replay = Replay(flash_decode_split_kernel, grid, args, kwargs, slots + ([] if use_tma else ["K", "V"]))
