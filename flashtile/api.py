@@ -87,16 +87,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens[b]); ``rotary_interleaved`` pairs features (2i, 2i + 1), else (i, i + rotary_dim / 2).
     ``cache_leftpad`` (int32 (batch,)): sequence b's keys start at that slot (left padding), up to
     cache_seqlens[b]; rotary positions stay the slots' own indices. ``softcap`` > 0 caps the scores:
-    softcap · tanh(softmax_scale · q·k / softcap).
+    softcap · tanh(softmax_scale · q·k / softcap). ``alibi_slopes`` (float32 (nheads,) or (batch, nheads)) adds
+    −slope · |i + seqlen_k − seqlen_q − j| to the score of query i and key j (after the cap).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
     """
-    checks.not_implemented(alibi_slopes=alibi_slopes)
     softcap = checks.softcap(softcap)
     window = checks.window(window_size, causal)
     per_token = window != (-1, -1)  # rotary positions: causal or windowed queries sit at their own tokens
     rotary_rows, rotary_span = checks.rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, per_token)
     paged, capacity = checks.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                      cache_leftpad, rotary_rows, rotary_span)
+    checks.alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
@@ -115,7 +116,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved)
         seqlens = seqlens + k.shape[1]
     out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
-                                   num_splits, leftpad=cache_leftpad, softcap=softcap)
+                                   num_splits, leftpad=cache_leftpad, softcap=softcap, alibi_slopes=alibi_slopes)
     return (out, lse) if return_softmax_lse else out
 
 

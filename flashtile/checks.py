@@ -35,6 +35,20 @@ def softcap(value):
     return float(value)
 
 
+def alibi_slopes(slopes, batch, nheads, device):
+    """ALiBi slopes: None, or float32 (nheads,) or (batch, nheads) on q's device."""
+    if slopes is None:
+        return
+    _tensor("alibi_slopes", slopes)
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {slopes.dtype}")
+    if tuple(slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must be (nheads={nheads},) or (batch={batch}, nheads={nheads}), got "
+                         f"{tuple(slopes.shape)}")
+    if slopes.device != device:
+        raise ValueError(f"alibi_slopes is on {slopes.device}, q on {device}")
+
+
 def not_implemented(**options):
     """Options flashtile does not implement yet must keep their neutral value."""
     neutral = {"dropout_p": 0.0, "softcap": 0.0, "alibi_slopes": None, "attn_mask": None}

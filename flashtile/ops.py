@@ -219,10 +219,10 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_tabl
 
 
 def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,
-                    num_splits, config=None, leftpad=None, softcap=0.0):
+                    num_splits, config=None, leftpad=None, softcap=0.0, alibi_slopes=None):
     """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] keys of each
-    sequence's cache (from leftpad[b] on, if given; scores capped by softcap > 0), in one launch. Returns (out,
-    lse [batch, nheads, seqlen_q])."""
+    sequence's cache (from leftpad[b] on, if given; scores capped by softcap > 0, ALiBi biases with
+    alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q])."""
     batch, seqlen_q, nheads, head_dim = q.shape
     config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
     if num_splits <= 0:
@@ -235,7 +235,8 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     if num_splits > 1:
         arrivals = _arrivals(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q))
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, arrivals, leftpad, softcap)
+                  softmax_scale, window_size, config, arrivals, leftpad, softcap,
+                  None if alibi_slopes is None else alibi_slopes.contiguous())
     return out, lse
 
 

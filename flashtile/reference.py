@@ -55,12 +55,13 @@ def weighted_values(p, v, nheads):
 
 
 def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), bottom_right=True,
-              upcast=True, softcap=0.0):
+              upcast=True, softcap=0.0, alibi_slopes=None):
     """Naive attention on (batch, seqlen, nheads, headdim). Returns (out, lse[batch, nheads, seqlen_q]).
 
     ``upcast=True`` computes in float64 (the oracle) and returns a float64 out; ``upcast=False``
     computes in the inputs' own dtype, as a plain PyTorch user would. ``softcap`` > 0 replaces each
-    score s by softcap · tanh(s / softcap) (flash-attn's softcap).
+    score s by softcap · tanh(s / softcap) (flash-attn's softcap); ``alibi_slopes`` (nheads,) or (batch,
+    nheads) then adds −slope · |i + diag − j| (diag: seqlen_k − seqlen_q bottom-right, else 0).
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -69,6 +70,12 @@ def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), b
     s = scores(q, k, softmax_scale)
     if softcap:
         s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        diag = k.shape[1] - q.shape[1] if bottom_right else 0
+        distance = (torch.arange(q.shape[1], device=q.device)[:, None] + diag
+                    - torch.arange(k.shape[1], device=q.device)[None, :]).abs()  # [seqlen_q, seqlen_k]
+        slopes = alibi_slopes.to(s.dtype).expand(q.shape[0], q.shape[2])  # [batch, nheads]
+        s = s - slopes[:, :, None, None] * distance
     allowed = allowed_keys(q.shape[1], k.shape[1], causal, window_size, bottom_right, q.device)
     p, lse = softmax_rows(s, allowed)
     return weighted_values(p, v, q.shape[2]), lse.float()

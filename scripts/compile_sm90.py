@@ -20,7 +20,7 @@ from flashtile.kernels.bwd import flash_bwd_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
 
-FLOATS = {"qk_scale", "softmax_scale", "softcap_scale"}
+FLOATS = {"qk_scale", "softmax_scale", "softcap_scale", "alibi_unit"}
 TARGET = GPUTarget("cuda", 90, 32)
 
 
@@ -34,7 +34,7 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
         elif name in tensors:
             kind = "fp32" if name == "dQacc" else dtype
             sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {tensors[name]}, 1, {pad}]>"
-        elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part"):
+        elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part", "Alibi"):
             sig[name] = "*fp32"
         elif name in ("Q", "K", "V", "Out"):  # decode's pointers (its K, V descriptors are listed in tensors)
             sig[name] = f"*{dtype}"
@@ -90,7 +90,7 @@ def main():
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
                           USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
                           MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
-                          DOT_PRECISION="tf32")
+                          HAS_ALIBI=False, DOT_PRECISION="tf32")
             tensors = dict(K=cfg.block_n, V=cfg.block_n)
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)

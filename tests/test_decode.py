@@ -203,6 +203,30 @@ def test_softcap(causal, num_splits):
     assert (plain - out).abs().max() > 0.1, "the cap changed nothing: the test would not see it missing"
 
 
+@pytest.mark.parametrize("per_batch", [False, True], ids=["slopes-h", "slopes-bh"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_alibi(causal, per_batch):
+    """ALiBi biases −slope · |i + seqlen_k − seqlen_q − j| per query head (GQA 8/2, four new tokens, three
+    splits, with a softcap on top in one sequence's call), against the float64 reference."""
+    lengths = [5, 70, 150]
+    q = randn(3, 4, 8, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(3, 150, 2, 64, dtype=torch.float16) for _ in range(2))
+    slopes = 2.0 ** -torch.arange(1, 9, device=DEVICE, dtype=torch.float32)  # the ALiBi paper's, 8 heads
+    if per_batch:
+        slopes = slopes * torch.tensor([[1.0], [0.5], [4.0]], device=DEVICE)
+    for softcap in (0.0, 5.0):
+        with poisoned_outputs():
+            out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=_i32(lengths),
+                                                         causal=causal, alibi_slopes=slopes, softcap=softcap,
+                                                         num_splits=3, return_softmax_lse=True)
+        for b, n in enumerate(lengths):
+            args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+            kwargs = dict(causal=causal, softcap=softcap, alibi_slopes=slopes[b] if per_batch else slopes)
+            ref, ref_lse = reference.attention(*args, **kwargs)
+            base, _ = reference.attention(*args, upcast=False, **kwargs)
+            assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
+
+
 def test_split_merge_leaves_its_counters_zeroed():
     """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
     call on new data is right too, and no counter is left counting."""
@@ -318,6 +342,11 @@ BAD = {
     "cache-strided-last-dim": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc.transpose(-1, -2).contiguous().transpose(-1, -2), vc), ValueError,
         "k_cache must have a contiguous last dimension"),
+    "alibi-shape": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, alibi_slopes=torch.ones(3, device=DEVICE)), ValueError, "alibi_slopes must be"),
+    "alibi-dtype": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc, vc, alibi_slopes=torch.ones(4, device=DEVICE, dtype=torch.float16)), TypeError,
+        "alibi_slopes must be float32"),
     "softcap-negative": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, softcap=-1.0), ValueError,
                          "softcap must be"),
     "leftpad-beyond": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(

@@ -149,3 +149,19 @@ def test_decode_softcap_bf16(page_size):
         ref, _ = reference.attention(*args, causal=True, softcap=30.0)
         base, _ = reference.attention(*args, causal=True, softcap=30.0, upcast=False)
         assert_attention_close(out[b:b + 1], ref, base)
+
+
+def test_decode_alibi_bf16():
+    """ALiBi at real sizes in bf16 (32/8 heads, one new token, many splits), against the float64 reference."""
+    from flashtile import reference
+    q = randn(2, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(2, 32768, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    slopes = 2.0 ** (-8.0 * torch.arange(1, 33, device=DEVICE, dtype=torch.float32) / 32)
+    lengths = [32768, 4097]
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, alibi_slopes=slopes,
+                                            cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
+    for b, n in enumerate(lengths):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+        ref, _ = reference.attention(*args, alibi_slopes=slopes)
+        base, _ = reference.attention(*args, alibi_slopes=slopes, upcast=False)
+        assert_attention_close(out[b:b + 1], ref, base)

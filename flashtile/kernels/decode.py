@@ -33,19 +33,21 @@ def tanh(x):
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad,
+    Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad, Alibi,
     stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
-    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, seqlen_q, nheads_k, page_size, chunk, qk_scale,
-    softcap_scale, left, right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
-    MASK_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, stride_alibi_b, seqlen_q, nheads_k, page_size, chunk,
+    qk_scale, softcap_scale, alibi_unit, left, right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+    USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
     LSE, and the last split of a (batch, KV head, row tile) to arrive merges them into Out and LSE; without,
     the single split writes Out and LSE itself. With SOFTCAP the scores are tanh(q·k · softcap_scale), and
-    qk_scale carries the cap (flash-attn's softcap: cap · tanh(scale · q·k / cap))."""
+    qk_scale carries the cap (flash-attn's softcap: cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score
+    gets −slope · |i + diag − j| (query i, key j), in units of the logit (alibi_unit = 1 / (cap or scale))."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads_k).to(tl.int64)
@@ -72,6 +74,8 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.load(cache_leftpad + b))
     if not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64) if HAS_BATCH_IDX else b
+    if HAS_ALIBI:
+        slopes = tl.load(Alibi + b * stride_alibi_b + head, mask=row_ok, other=0.0) * alibi_unit  # [BLOCK_M]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
@@ -94,6 +98,8 @@ def flash_decode_split_kernel(
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             qk = tanh(qk * softcap_scale)
+        if HAS_ALIBI:
+            qk -= slopes[:, None] * tl.abs((token + diag)[:, None] - keys[None, :]).to(tl.float32)
         ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
         qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
@@ -202,12 +208,12 @@ _REPLAYS = Replays()  # see launch_decode
 
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, arrivals=None, leftpad=None, softcap=0.0):
+                  softmax_scale, window_size, config, arrivals=None, leftpad=None, softcap=0.0, alibi_slopes=None):
     """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q) in one launch: a program per
     (split of ``chunk`` keys, batch, KV head, tile of query rows). With several splits, ``arrivals`` holds
     int32 zeros, one per (batch, KV head, row tile), and is left zeroed. ``leftpad`` (int32 (batch,)): the
     keys of sequence b are cache slots [leftpad[b], cache_seqlens[b]). ``softcap`` > 0 caps the
-    scores at ±softcap by tanh.
+    scores at ±softcap by tanh. ``alibi_slopes`` float32 (nheads,) or (batch, nheads): ALiBi biases.
 
     A decode loop calls this with the same shapes, cache and options every step: the first call of a key
     builds the launch, later ones replay it with the step's tensors (kernels/replay.py). The key holds the
@@ -216,7 +222,8 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype, out.stride(), lse.stride(),
            block_table is None or block_table.shape, block_table is None or block_table.stride(), batch_idx is None,
            leftpad is None, arrivals is None, num_splits, chunk, softmax_scale, softcap, window_size, config,
-           aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals, leftpad))
+           None if alibi_slopes is None else alibi_slopes.stride(),
+           aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals, leftpad, alibi_slopes))
     replay = _REPLAYS.get(key)
     split = num_splits > 1
     if split:
@@ -227,16 +234,17 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
         out_part, lse_part = out, lse
     if replay is None:
         replay = _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table,
-                               batch_idx, leftpad, num_splits, chunk, softmax_scale, softcap, window_size, config)
+                               batch_idx, leftpad, alibi_slopes, num_splits, chunk, softmax_scale, softcap,
+                               window_size, config)
         _REPLAYS.put(key, replay)
     else:
         caches = () if replay.descriptors else (k_cache, v_cache)
         replay.run(q.device, q, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
-                   *caches)
+                   alibi_slopes, *caches)
 
 
 def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
-                  leftpad, num_splits, chunk, softmax_scale, softcap, window_size, config):
+                  leftpad, alibi_slopes, num_splits, chunk, softmax_scale, softcap, window_size, config):
     """Launch through Triton's usual path and return the Replay of it."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
@@ -253,19 +261,21 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
     part_strides = (*out_part.stride()[:4], *lse_part.stride()[:3]) if split else (0,) * 7
     grid = (num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))
     args = (q, k_arg, v_arg, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *out.stride()[:3],
-            lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
+            alibi_slopes, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
+            *out.stride()[:3], lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
+            alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
             seqlen_q, nheads_k, page_size, chunk, (softcap if softcap else softmax_scale) * 1.4426950408889634,
-            softmax_scale / softcap if softcap else 0.0, max(left, 0), max(right, 0))
+            softmax_scale / softcap if softcap else 0.0, 1.0 / (softcap if softcap else softmax_scale),
+            max(left, 0), max(right, 0))
     block_s = max(2, next_pow2(num_splits))
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
-                  HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0,
+                  HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                   DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
                   num_stages=config.num_stages)
     slots = ["Q", "O_part", "LSE_part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx",
-             "cache_leftpad"]
+             "cache_leftpad", "Alibi"]
     replay = Replay(flash_decode_split_kernel, grid, args, kwargs, slots + ([] if use_tma else ["K", "V"]))
     if use_tma and replay.compiled is not None:  # the key pins the caches' addresses: keep their descriptors
         replay.descriptors = [detach_descriptor(d) for d in (k_arg, v_arg)]
