@@ -13,13 +13,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     keeps keys within left before and right after the diagonal (-1: unbounded).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q], None) with ``return_attn_probs``.
     Differentiable: ``deterministic=True`` makes dQ, dK, dV bitwise reproducible (dQ gets its own pass
-    instead of atomics). The gradient of the returned LSE is not propagated.
+    instead of atomics). The gradient of the returned LSE is not propagated. ``softcap`` > 0 caps the scores
+    at softcap · tanh(score / softcap); ``alibi_slopes`` (float32 (nheads,) or (batch, nheads)) adds
+    −slope · |i + seqlen_k − seqlen_q − j| after it (both on the portable kernels).
     """
-    checks.not_implemented(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+    checks.not_implemented(dropout_p=dropout_p)
     checks.qkv(q, k, v, packed=False)
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
     window = checks.window(window_size, causal)
-    out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic)
+    softcap = checks.softcap(softcap)
+    checks.alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
+    out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
+                                   softcap=softcap, alibi_slopes=alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -31,7 +36,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Sequence b holds rows cu_seqlens[b]:cu_seqlens[b + 1] (int32). Returns out, or (out, softmax_lse
     [nheads, total_q], None) with ``return_attn_probs``.
     """
-    checks.not_implemented(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+    checks.not_implemented(dropout_p=dropout_p)
     checks.qkv(q, k, v, packed=True)
     checks.cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q.device)
     checks.cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q.device)
@@ -40,9 +45,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          f"{cu_seqlens_k.numel()}; both must be batch + 1")
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
     window = checks.window(window_size, causal)
+    softcap = checks.softcap(softcap)
+    checks.alibi_slopes(alibi_slopes, cu_seqlens_q.numel() - 1, q.shape[1], q.device)
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                   max_seqlen_k=max_seqlen_k)
+                                   max_seqlen_k=max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -19,6 +19,10 @@ from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
+def _contiguous(t):
+    return None if t is None else t.contiguous()
+
+
 def _tma_ready(t):
     """``t`` itself when a tensor descriptor can address it, else a fresh contiguous copy."""
     if tma_addressable(t):
@@ -57,10 +61,11 @@ def _new_lse(q, packed):
 
 
 def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=None, cu_seqlens_q=None,
-                      cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None):
+                      cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None, softcap=0.0,
+                      alibi_slopes=None):
     """Forward attention into ``out`` (any strided tensor shaped like q, or a new one). Returns (out, lse),
     lse float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
-    config (the tile sweep uses it)."""
+    config (the tile sweep uses it). ``softcap``, ``alibi_slopes``: flash-attn's (the portable kernel)."""
     packed = cu_seqlens_q is not None
     lse = _new_lse(q, packed)
     out = _new_out(q, False) if out is None else out
@@ -69,7 +74,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         return out, lse
     if seqlen_k == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    if config is None:
+    if config is None and not softcap and alibi_slopes is None:
         config = _hopper_config(q, k, v, window_size, max_seqlen_q if packed else q.shape[1])
     if isinstance(config, configs.HopperFwdConfig):
         from .kernels.fwd_hopper import launch_fwd_hopper
@@ -83,7 +88,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         config = configs.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
-               config)
+               config, softcap, _contiguous(alibi_slopes))
     if o is not out:
         out.copy_(o)
     return out, lse
@@ -102,7 +107,8 @@ def _hopper_config(q, k, v, window_size, seqlen_q=None):
 
 
 def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic,
-                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None):
+                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None,
+                       softcap=0.0, alibi_slopes=None):
     """Gradients (dq, dk, dv), shaped like q, k, v. ``deterministic`` computes dQ in its own pass, with
     no atomics, so that every gradient is bitwise reproducible."""
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -117,7 +123,8 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     if cu_seqlens_q is not None:
         _ensure_allocator(q.device)
-    if config is None and _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q):
+    if config is None and not softcap and alibi_slopes is None and _hopper_bwd(q, k, v, dout, window_size,
+                                                                                cu_seqlens_q):
         from .kernels.bwd_hopper import launch_bwd_hopper
         launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right)
         return dq, dk, dv
@@ -125,7 +132,8 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
         config = configs.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config)
+               softmax_scale, window_size, bottom_right, deterministic, config, softcap=softcap,
+               alibi_slopes=_contiguous(alibi_slopes))
     return dq, dk, dv
 
 
@@ -144,11 +152,12 @@ def _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q):
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
               cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
               window_left: int, window_right: int, bottom_right: bool, heads_first_out: bool,
-              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+              deterministic: bool, softcap: float = 0.0,
+              alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward as one op. ``deterministic`` only travels to the backward."""
     out = _new_out(q, heads_first_out)
     return attention_forward(q, k, v, softmax_scale, (window_left, window_right), bottom_right, out, cu_seqlens_q,
-                             cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 fwd = torch.library.custom_op("flashtile::fwd", mutates_args=())(_fwd_impl)
@@ -156,7 +165,7 @@ fwd = torch.library.custom_op("flashtile::fwd", mutates_args=())(_fwd_impl)
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
-              window_right, bottom_right, heads_first_out, deterministic):
+              window_right, bottom_right, heads_first_out, deterministic, softcap=0.0, alibi_slopes=None):
     return _new_out(q, heads_first_out), _new_lse(q, cu_seqlens_q is not None)
 
 
@@ -164,9 +173,11 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
-        bottom_right: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bottom_right: bool, deterministic: bool, softcap: float = 0.0,
+        alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
-                              deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                              deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 @bwd.register_fake
@@ -179,24 +190,25 @@ def _setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.params = inputs[5:11] + inputs[12:]  # max_seqlen_q … bottom_right, deterministic
+    ctx.params = inputs[5:11] + inputs[12:]  # max_seqlen_q … bottom_right, deterministic, softcap, alibi_slopes
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None, ) * 12
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic=False, heads_first_out=False,
-                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
+                    alibi_slopes=None):
     """The differentiable attention every entry point calls: (out, lse). In eager mode with nothing to
     differentiate it skips the op's dispatch (about 45 µs of Python per call) and runs the same kernel."""
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size[0],
-            window_size[1], bottom_right, heads_first_out, deterministic)
+            window_size[1], bottom_right, heads_first_out, deterministic, softcap, alibi_slopes)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad or torch.compiler.is_compiling():
         return fwd(*args)
@@ -236,7 +248,7 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
         arrivals = _arrivals(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q))
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
                   softmax_scale, window_size, config, arrivals, leftpad, softcap,
-                  None if alibi_slopes is None else alibi_slopes.contiguous())
+                  _contiguous(alibi_slopes))
     return out, lse
 
 

@@ -58,8 +58,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
 
 def consts_for(head_dim, cfg, varlen, causal, **extra):
     return dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                IS_VARLEN=varlen, BOTTOM_RIGHT=True, MASK_LEFT=False, MASK_RIGHT=causal, DOT_PRECISION="tf32",
-                **extra)
+                IS_VARLEN=varlen, BOTTOM_RIGHT=True, MASK_LEFT=False, MASK_RIGHT=causal, SOFTCAP=False,
+                HAS_ALIBI=False, DOT_PRECISION="tf32", **extra)
 
 
 def main():
@@ -83,7 +83,7 @@ def main():
         consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
                       BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
                       MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
-                      DELTA_HERE=delta_here, **({} if delta_here else dict(O2=None)))
+                      DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
         rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
     for pad, cfg in configs.DECODE_SM90.items():
         for paged in (False, True):

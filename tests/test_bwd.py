@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from flashtile import ops, reference
-from helpers import (ATOL, poisoned_outputs, randn, torch_attention, torch_attention_varlen,
+from helpers import (ATOL, DEVICE, poisoned_outputs, randn, torch_attention, torch_attention_varlen,
                      varlen_inputs)
 
 
@@ -90,6 +90,54 @@ def test_varlen_gradients(causal, deterministic):
                     dout.double())
     base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, causal), (q, k, v), dout)
     assert_grads_close(ours, ref, base)
+
+
+def _slopes(nheads, batch=None):
+    """ALiBi's slopes for nheads heads (2^(-8i/nheads)), per sequence scaled differently when batch is given."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, nheads + 1, dtype=torch.float32) / nheads)
+    if batch is not None:
+        slopes = slopes * torch.linspace(0.5, 2.0, batch)[:, None]
+    return slopes.to(DEVICE)
+
+
+@pytest.mark.parametrize("mods", ["softcap", "alibi", "alibi-bh", "both"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_softcap_alibi_gradients(mods, causal, deterministic):
+    """flash-attn's softcap (through tanh's derivative) and ALiBi (a bias: no gradient of its own): out, dq,
+    dk, dv against float64 autograd through the reference with the same modifications; GQA, Nq != Nk."""
+    batch, nheads = 2, 4
+    kwargs = dict(softcap=3.0 if mods in ("softcap", "both") else 0.0)
+    if mods != "softcap":
+        kwargs["alibi_slopes"] = _slopes(nheads, batch if mods == "alibi-bh" else None)
+    q = randn(batch, 45, nheads, 64, dtype=torch.float16, scale=3.0)  # scores past the cap
+    k, v = (randn(batch, 77, 2, 64, dtype=torch.float16) for _ in range(2))
+    dout = randn(batch, 45, nheads, 64, dtype=torch.float16)
+    with poisoned_outputs():
+        ours = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
+                                                                   **kwargs), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, causal=causal, **kwargs)[0], (q, k, v),
+                    dout.double())
+    base = gradients(lambda q, k, v: reference.attention(q, k, v, causal=causal, upcast=False, **kwargs)[0],
+                     (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+    plain = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert (plain - ours[0]).abs().max() > 0.05, "the modification changed nothing: the test would not see it"
+
+
+def test_softcap_alibi_varlen():
+    """The same on packed sequences: slopes per sequence (batch, nheads), softcap on top."""
+    q, k, v, cu_q, cu_k = varlen_inputs([5, 40, 1], [33, 40, 9], 4, 2, 64, torch.float16)
+    slopes = _slopes(4, 3)
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 40, causal=True, softcap=4.0, alibi_slopes=slopes)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(3):
+        args = (q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]])
+        kw = dict(causal=True, softcap=4.0, alibi_slopes=slopes[b])
+        ref, _ = reference.attention(*args, **kw)
+        base, _ = reference.attention(*args, upcast=False, **kw)
+        err = (out[cq[b]:cq[b + 1]].double() - ref[0]).abs().max().item()
+        assert err <= 2 * (base.double() - ref).abs().max().item() + ATOL[torch.float16]
 
 
 def test_deterministic_flag_is_bitwise_reproducible():

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 import flashtile
 from flashtile import configs, reference
 from helpers import DTYPE_IDS, randn, torch_attention, torch_attention_varlen, varlen_inputs
-from test_bwd import Block, assert_grads_close, gradients
+from test_bwd import Block, _slopes, assert_grads_close, gradients
 
 pytestmark = pytest.mark.gpu
 
@@ -173,3 +173,16 @@ def test_training_losses_track_sdpa():
     ours, theirs = torch.tensor(losses["flashtile"]), torch.tensor(losses["sdpa"])
     assert ours[-1] < ours[0] - 0.5, "the model did not learn"
     assert (ours - theirs).abs().max().item() < 0.1, (losses["flashtile"], losses["sdpa"])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_softcap_alibi_gradients_bf16(causal):
+    """softcap 30 and ALiBi together at D=128 in bf16 (the portable kernels take these calls on sm90 too)."""
+    q = randn(2, 1024, 8, 128, dtype=torch.bfloat16, scale=2.0)
+    k, v = (randn(2, 1536, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    dout = randn(2, 1024, 8, 128, dtype=torch.bfloat16)
+    kwargs = dict(causal=causal, softcap=30.0, alibi_slopes=_slopes(8))
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, **kwargs), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, **kwargs)[0], (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: reference.attention(q, k, v, upcast=False, **kwargs)[0], (q, k, v), dout)
+    assert_grads_close(ours, ref, base)

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .online_softmax import modified_scores, score_scales
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     reduce_tile, sequence_bounds, sequence_desc, store_tile)
 
@@ -45,10 +46,10 @@ def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stri
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h, lo, hi, offs_n,
-                seqlen_q, diag, left, right, qk_scale, softmax_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr,
-                MASK_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                seqlen_q, diag, left, right, qk_scale, softmax_scale, softcap_scale, slope, MASKED: tl.constexpr,
+                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                 HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Rows own keys, columns are queries: the band is seen from the key side (diag, left, right swapped)."""
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     for start_m in tl.range(lo, hi, BLOCK_M):
@@ -58,13 +59,16 @@ def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, strid
         lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0) * LOG2E  # [BLOCK_M]
         delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)  # [BLOCK_M]
         qk_t = tl.dot(k, q.T, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        qk_t, dscore_t = modified_scores(qk_t, softcap_scale, slope,
+                                         tl.abs(offs_m[None, :] - diag - offs_n[:, None]).to(tl.float32), SOFTCAP,
+                                         HAS_ALIBI)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
         if MASKED:
             ok = band_mask(offs_n, offs_m, seqlen_q, diag, left, right, MASK_LEFT, MASK_RIGHT)
             p_t = tl.where(ok, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # [BLOCK_N, HEAD_DIM]
         dp_t = tl.dot(v, do.T, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = p_t * (dp_t - delta[None, :]) * dscore_t
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # [BLOCK_N, HEAD_DIM]
         if DQ_ATOMIC != "none":
             dq = tl.dot(ds_t.T.to(k.dtype), k, input_precision=DOT_PRECISION) * softmax_scale  # [BLOCK_M, HEAD_DIM]
@@ -81,10 +85,12 @@ def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, strid
 def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
                   stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
                   stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_lb, stride_lh, stride_dqb, stride_dqn,
-                  stride_dqh, seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right,
+                  stride_dqh, seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, Alibi,
+                  stride_alibi_b, softcap_scale, alibi_unit,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
-                  MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
     """dK, dV of one K/V tile of KV head h_k, summed over the query heads of its group."""
     q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
@@ -119,6 +125,9 @@ def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seql
             else:
                 q_desc, do_desc = Q, dO
             row_offset = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
+            slope = 0.0
+            if HAS_ALIBI:
+                slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h) * alibi_unit
             lse_ptr = LSE + row_offset
             delta_ptr = Delta + row_offset
             if DQ_ATOMIC == "tma":
@@ -127,37 +136,40 @@ def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seql
             else:
                 dq_acc = dQacc + b.to(tl.int64) * stride_dqb + q_start * stride_dqn + h.to(tl.int64) * stride_dqh
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
-                                 lo, full_lo, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, True,
-                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC,
-                                 DOT_PRECISION)
+                                 lo, full_lo, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale,
+                                 softcap_scale, slope, True, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
+                                 IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
-                                 full_lo, full_hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, False,
-                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC,
-                                 DOT_PRECISION)
+                                 full_lo, full_hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale,
+                                 softcap_scale, slope, False, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
+                                 IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
-                                 full_hi, hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale, True,
-                                 MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC,
-                                 DOT_PRECISION)
+                                 full_hi, hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale,
+                                 softcap_scale, slope, True, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
+                                 IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         store_tile(dk_desc, b, start_n, h_k, (dk * softmax_scale).to(k.dtype), IS_VARLEN)
         store_tile(dv_desc, b, start_n, h_k, dv.to(v.dtype), IS_VARLEN)
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, lo, hi, offs_m, seqlen_k, diag, left, right,
-              qk_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-              BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              qk_scale, softcap_scale, slope, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+              BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, SOFTCAP: tl.constexpr,
+              HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in tl.range(lo, hi, BLOCK_N):
         k = load_tile(k_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         v = load_tile(v_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        qk, dscore = modified_scores(qk, softcap_scale, slope,
+                                     tl.abs((offs_m + diag)[:, None] - (start_n + tl.arange(0, BLOCK_N))[None, :])
+                                     .to(tl.float32), SOFTCAP, HAS_ALIBI)
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
             ok = band_mask(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, diag, left, right, MASK_LEFT,
                            MASK_RIGHT)
             p = tl.where(ok, p, 0.0)
         dp = tl.dot(do, v.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None]) * dscore
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return dq
 
@@ -166,9 +178,11 @@ def _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, lo, hi, offs_m, seq
 def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k,
                 stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
                 stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, qk_scale, softmax_scale, left, right,
+                Alibi, stride_alibi_b, softcap_scale, alibi_unit,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
-                MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, DELTA_HERE: tl.constexpr):
+                MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, DELTA_HERE: tl.constexpr,
+                SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """dQ of one Q tile of head h, with no atomics. DELTA_HERE (batch mode): delta of its rows from O and dO,
     written for a dK/dV kernel launched after this one, in place of the preprocess launch."""
     tl.static_assert(not (DELTA_HERE and IS_VARLEN))
@@ -200,32 +214,35 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, 
         else:
             delta = tl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h) * alibi_unit
         diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         lo, full_lo, full_hi, hi = band_tiles(start_m, seqlen_k, diag, left, right, BLOCK_M, BLOCK_N,
                                               MASK_LEFT, MASK_RIGHT)
         dq = _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, lo, full_lo, offs_m, seqlen_k, diag, left,
-                       right, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN,
-                       DOT_PRECISION)
+                       right, qk_scale, softcap_scale, slope, True, MASK_LEFT, MASK_RIGHT, BLOCK_N, HEAD_DIM_PAD,
+                       IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         dq = _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, full_lo, full_hi, offs_m, seqlen_k, diag,
-                       left, right, qk_scale, False, MASK_LEFT, MASK_RIGHT, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN,
-                       DOT_PRECISION)
+                       left, right, qk_scale, softcap_scale, slope, False, MASK_LEFT, MASK_RIGHT, BLOCK_N,
+                       HEAD_DIM_PAD, IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         dq = _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, full_hi, hi, offs_m, seqlen_k, diag, left,
-                       right, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN,
-                       DOT_PRECISION)
+                       right, qk_scale, softcap_scale, slope, True, MASK_LEFT, MASK_RIGHT, BLOCK_N, HEAD_DIM_PAD,
+                       IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         store_tile(dq_desc, b, start_m, h, (dq * softmax_scale).to(q.dtype), IS_VARLEN)
 
 
 @triton.jit
 def flash_bwd_kernel(
-    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
+    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k, Alibi,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
     stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh, stride_lb, stride_lh,
-    stride_dqab, stride_dqan, stride_dqah, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale,
-    softmax_scale, left, right,
+    stride_dqab, stride_dqan, stride_dqah, stride_alibi_b, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles,
+    qk_scale, softmax_scale, softcap_scale, alibi_unit, left, right,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DELTA_HERE: tl.constexpr,
+    DELTA_HERE: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     """Grid (kv_tiles [+ group · q_tiles], batch · nheads_k). The first kv_tiles programs own a K/V tile
     (Q1, K1, V1, dO1 in its tile shapes), heaviest first; with DQ_ATOMIC == "none" the rest own a Q tile of
@@ -238,17 +255,18 @@ def flash_bwd_kernel(
         _dkdv_program(pid, b, h_k, Q1, K1, V1, dO1, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k,
                       stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
                       stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_lb, stride_lh, stride_dqab, stride_dqan,
-                      stride_dqah, seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, HEAD_DIM,
-                      HEAD_DIM_PAD, BLOCK_M1, BLOCK_N1, IS_VARLEN, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DQ_ATOMIC,
-                      DOT_PRECISION)
+                      stride_dqah, seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, Alibi,
+                      stride_alibi_b, softcap_scale, alibi_unit, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M1, BLOCK_N1,
+                      IS_VARLEN, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
     elif DQ_ATOMIC == "none":
         off = pid - kv_tiles
         h = h_k * group + off // q_tiles
         _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, cu_seqlens_q,
                     cu_seqlens_k, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don,
                     stride_doh, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, qk_scale,
-                    softmax_scale, left, right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, IS_VARLEN,
-                    BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DOT_PRECISION, DELTA_HERE)
+                    softmax_scale, left, right, Alibi, stride_alibi_b, softcap_scale, alibi_unit, HEAD_DIM,
+                    HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, IS_VARLEN, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, DOT_PRECISION,
+                    DELTA_HERE, SOFTCAP, HAS_ALIBI)
 
 
 def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q):
@@ -271,7 +289,7 @@ def _strides(t):
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, config, delta=None, dkdv=True,
-               write_delta=False):
+               write_delta=False, softcap=0.0, alibi_slopes=None):
     """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``. ``dkdv=False`` leaves
     dK and dV to another kernel (bwd_hopper) and computes dQ only, from its ``delta``; with ``write_delta``
     (batch mode) the Q-tile programs compute delta into ``delta`` themselves, for that kernel to read after."""
@@ -309,13 +327,16 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     dq_acc_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
     kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1) if dkdv else 0, cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
+    qk_scale, softcap_scale, alibi_unit = score_scales(softmax_scale, softcap)
     flash_bwd_kernel[(programs, batch * nheads_k)](
-        *tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides,
-        *dq_acc_strides, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles,
-        softmax_scale * 1.4426950408889634, softmax_scale, max(left, 0), max(right, 0),
+        *tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
+        *dq_acc_strides, alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
+        seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale, softmax_scale, softcap_scale, alibi_unit,
+        max(left, 0), max(right, 0),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
         BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
         MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-        DELTA_HERE=write_delta, num_warps=c.num_warps, num_stages=c.num_stages)
+        DELTA_HERE=write_delta, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, num_warps=c.num_warps,
+        num_stages=c.num_stages)
     if dq_acc is not None:
         dq.copy_(dq_acc)

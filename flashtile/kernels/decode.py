@@ -17,18 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import online_softmax_step
+from .online_softmax import modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def tanh(x):
-    """tanh from one exp2: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * (2 * LOG2E)) + 1.0)
 
 
 @triton.jit
@@ -74,6 +68,7 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.load(cache_leftpad + b))
     if not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64) if HAS_BATCH_IDX else b
+    slopes = 0.0
     if HAS_ALIBI:
         slopes = tl.load(Alibi + b * stride_alibi_b + head, mask=row_ok, other=0.0) * alibi_unit  # [BLOCK_M]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -96,10 +91,8 @@ def flash_decode_split_kernel(
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
                         mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        if SOFTCAP:
-            qk = tanh(qk * softcap_scale)
-        if HAS_ALIBI:
-            qk -= slopes[:, None] * tl.abs((token + diag)[:, None] - keys[None, :]).to(tl.float32)
+        qk, _ = modified_scores(qk, softcap_scale, slopes[:, None],
+                                tl.abs((token + diag)[:, None] - keys[None, :]).to(tl.float32), SOFTCAP, HAS_ALIBI)
         ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
         qk = tl.where(ok, qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
@@ -264,9 +257,7 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
             alibi_slopes, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
             *out.stride()[:3], lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            seqlen_q, nheads_k, page_size, chunk, (softcap if softcap else softmax_scale) * 1.4426950408889634,
-            softmax_scale / softcap if softcap else 0.0, 1.0 / (softcap if softcap else softmax_scale),
-            max(left, 0), max(right, 0))
+            seqlen_q, nheads_k, page_size, chunk, *score_scales(softmax_scale, softcap), max(left, 0), max(right, 0))
     block_s = max(2, next_pow2(num_splits))
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,

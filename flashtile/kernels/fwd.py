@@ -10,7 +10,7 @@ range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) whole, 
 import triton
 import triton.language as tl
 
-from .online_softmax import online_softmax_step
+from .online_softmax import modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     q_tile_program, sequence_desc, store_tile)
@@ -21,13 +21,17 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, hi, offs_m, diag, left, right, seqlen_k,
-                  qk_scale, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr,
+                  qk_scale, softcap_scale, slope, MASKED: tl.constexpr, MASK_LEFT: tl.constexpr,
+                  MASK_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                  IS_VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                   DOT_PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         k = load_tile(k_desc, b, start_n, h_k, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_N, HEAD_DIM]
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        qk, _ = modified_scores(qk, softcap_scale, slope,
+                                tl.abs((offs_m + diag)[:, None] - (start_n + offs_n)[None, :]).to(tl.float32),
+                                SOFTCAP, HAS_ALIBI)
         if MASKED:
             ok = band_mask(offs_m, start_n + offs_n, seqlen_k, diag, left, right, MASK_LEFT, MASK_RIGHT)
             qk = tl.where(ok, qk, float("-inf"))
@@ -40,16 +44,17 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, hi, offs_m, diag
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k,
+    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k, Alibi,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
-    stride_lb, stride_lh,
-    seqlen_q, seqlen_k, nheads, group, qk_scale, left, right,
+    stride_lb, stride_lh, stride_alibi_b,
+    seqlen_q, seqlen_k, nheads, group, qk_scale, softcap_scale, alibi_unit, left, right,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
-    MASK_RIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Q, K, V, O: 4-D (batch, seqlen, nheads, headdim) tensor descriptors, or, with IS_VARLEN, pointers
-    to packed (total, nheads, headdim) tensors whose sequences cu_seqlens delimit."""
+    to packed (total, nheads, headdim) tensors whose sequences cu_seqlens delimit. SOFTCAP, HAS_ALIBI:
+    flash-attn's softcap and ALiBi (online_softmax.modified_scores; Alibi holds the slopes)."""
     start_m, b, h, h_k, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(
         cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group, BLOCK_M, IS_VARLEN)
     if start_m < seqlen_q:
@@ -71,16 +76,19 @@ def flash_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
         q = load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h) * alibi_unit
 
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, full_lo, offs_m, diag, left,
-                                      right, seqlen_k, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N,
-                                      HEAD_DIM_PAD, IS_VARLEN, DOT_PRECISION)
+                                      right, seqlen_k, qk_scale, softcap_scale, slope, True, MASK_LEFT, MASK_RIGHT,
+                                      BLOCK_N, HEAD_DIM_PAD, IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, full_lo, full_hi, offs_m, diag,
-                                      left, right, seqlen_k, qk_scale, False, MASK_LEFT, MASK_RIGHT,
-                                      BLOCK_N, HEAD_DIM_PAD, IS_VARLEN, DOT_PRECISION)
+                                      left, right, seqlen_k, qk_scale, softcap_scale, slope, False, MASK_LEFT,
+                                      MASK_RIGHT, BLOCK_N, HEAD_DIM_PAD, IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, full_hi, hi, offs_m, diag, left,
-                                      right, seqlen_k, qk_scale, True, MASK_LEFT, MASK_RIGHT, BLOCK_N,
-                                      HEAD_DIM_PAD, IS_VARLEN, DOT_PRECISION)
+                                      right, seqlen_k, qk_scale, softcap_scale, slope, True, MASK_LEFT, MASK_RIGHT,
+                                      BLOCK_N, HEAD_DIM_PAD, IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
 
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
@@ -94,19 +102,21 @@ _REPLAYS = Replays()
 
 
 def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-               bottom_right, config):
+               bottom_right, config, softcap=0.0, alibi_slopes=None):
     """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
-    seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). The first call
-    of a launch key goes through Triton; later ones replay it (kernels/replay.py)."""
+    seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). ``softcap`` > 0,
+    ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi. The
+    first call of a launch key goes through Triton; later ones replay it (kernels/replay.py)."""
     is_varlen = cu_seqlens_q is not None
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
            None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, window_size,
-           bottom_right, config, aligned(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k))
+           bottom_right, config, softcap, None if alibi_slopes is None else alibi_slopes.shape,
+           aligned(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
     replay = _REPLAYS.get(key)
     if replay is not None:
         tensors = (q, k, v, out) if is_varlen else (detach_descriptor(d, t) for d, t in zip(replay.descriptors,
                                                                                            (q, k, v, out)))
-        replay.run(q.device, *tensors, lse, cu_seqlens_q, cu_seqlens_k)
+        replay.run(q.device, *tensors, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
         return
     nheads, head_dim = q.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
@@ -122,13 +132,17 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
         lse_strides = (lse.stride(0), lse.stride(1))
     strides = [s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2))]
     grid = (cdiv(seqlen_q, config.block_m), batch * nheads)
-    args = (*args, lse, cu_seqlens_q, cu_seqlens_k, *strides, *lse_strides, seqlen_q, seqlen_k, nheads,
-            nheads // k.shape[-2], softmax_scale * LOG2E, max(left, 0), max(right, 0))
+    args = (*args, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
+            alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0, seqlen_q,
+            seqlen_k, nheads, nheads // k.shape[-2], *score_scales(softmax_scale, softcap), max(left, 0),
+            max(right, 0))
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                   IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+                  SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                   DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
                   num_stages=config.num_stages)
-    replay = Replay(flash_fwd_kernel, grid, args, kwargs, ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
+    replay = Replay(flash_fwd_kernel, grid, args, kwargs,
+                    ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k", "Alibi"])
     if replay.compiled is not None and not is_varlen:
         replay.descriptors = [detach_descriptor(d) for d in args[:4]]
     _REPLAYS.put(key, replay)

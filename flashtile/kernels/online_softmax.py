@@ -5,6 +5,8 @@ import struct
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634
+
 # 2^f on [0, 1) as 1 + f·(C1 + f·(C2 + f·C3)): relative error under 8.6e-5 (bf16 and fp16 round P coarser),
 # and exactly 1 at f = 0, so exp2(-inf) comes out exactly 0 (see exp2_fma_ptx).
 EXP2_POLY = (0.6951163411140442, 0.22764699161052704, 0.07706521451473236)
@@ -62,3 +64,32 @@ def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2
     alpha = tl.math.exp2(m_i - m_ref)  # [BLOCK_M]
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
+
+
+@triton.jit
+def tanh(x):
+    """tanh from one exp2: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def modified_scores(qk, softcap_scale, slope, dist, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """flash-attn's softcap and ALiBi on raw scores q·k, in the units qk_scale then turns into log2 logits:
+    tanh(q·k · softcap_scale) with SOFTCAP (qk_scale carries the cap), then minus slope · dist with HAS_ALIBI
+    (dist = |i + seqlen_k − seqlen_q − j|, slope already in those units). Also returns d(score)/d(q·k) up to
+    the constant scale: 1 − tanh² with SOFTCAP, else 1."""
+    dscore = 1.0
+    if SOFTCAP:
+        qk = tanh(qk * softcap_scale)
+        dscore = 1.0 - qk * qk
+    if HAS_ALIBI:
+        qk -= slope * dist
+    return qk, dscore
+
+
+def score_scales(softmax_scale, softcap):
+    """(qk_scale, softcap_scale, alibi_unit) for a kernel using modified_scores: log2 logits are
+    qk_scale · score, with softcap the tanh's argument is q·k · softcap_scale, and ALiBi slopes are divided by the
+    logit unit (the cap, else the softmax scale)."""
+    unit = softcap if softcap else softmax_scale
+    return unit * LOG2E, (softmax_scale / softcap if softcap else 0.0), 1.0 / unit
