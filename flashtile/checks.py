@@ -51,7 +51,7 @@ def alibi_slopes(slopes, batch, nheads, device):
 
 def not_implemented(**options):
     """Options flashtile does not implement yet must keep their neutral value."""
-    neutral = {"dropout_p": 0.0, "softcap": 0.0, "alibi_slopes": None, "attn_mask": None}
+    neutral = {"dropout_p": 0.0, "attn_mask": None}
     for name, value in options.items():
         if value is None and neutral[name] is None:
             continue

@@ -19,8 +19,9 @@ from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
-def _contiguous(t):
-    return None if t is None else t.contiguous()
+def _unit_last_stride(t):
+    """``t`` (or None) with its last dimension contiguous, as the pointer-indexed kernels read it."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
 def _tma_ready(t):
@@ -88,7 +89,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         config = configs.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
-               config, softcap, _contiguous(alibi_slopes))
+               config, softcap, _unit_last_stride(alibi_slopes))
     if o is not out:
         out.copy_(o)
     return out, lse
@@ -133,7 +134,7 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
                                     _arch(q.device), interpreter_enabled())
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, config, softcap=softcap,
-               alibi_slopes=_contiguous(alibi_slopes))
+               alibi_slopes=_unit_last_stride(alibi_slopes))
     return dq, dk, dv
 
 
@@ -218,7 +219,7 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
 def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
     """x (batch, seqlen, nheads, headdim) turned by the rotary table at each token's position
     (kernels/new_tokens.py)."""
-    x, cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, cos, sin))
+    x, cos, sin = (_unit_last_stride(t) for t in (x, cos, sin))
     return launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved)
 
 
@@ -226,7 +227,7 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_tabl
                     interleaved=True):
     """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place, in
     one launch (kernels/new_tokens.py); k turned by the rotary table cos, sin first when given."""
-    k, v, cos, sin = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (k, v, cos, sin))
+    k, v, cos, sin = (_unit_last_stride(t) for t in (k, v, cos, sin))
     launch_append(k, v, k_cache, v_cache, cache_seqlens, block_table, batch_idx, cos, sin, interleaved)
 
 
@@ -248,7 +249,7 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
         arrivals = _arrivals(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q))
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
                   softmax_scale, window_size, config, arrivals, leftpad, softcap,
-                  _contiguous(alibi_slopes))
+                  _unit_last_stride(alibi_slopes))
     return out, lse
 
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import modified_scores, score_scales
+from .online_softmax import alibi_slope, modified_scores, score_scales
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     reduce_tile, sequence_bounds, sequence_desc, store_tile)
 
@@ -125,9 +125,7 @@ def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seql
             else:
                 q_desc, do_desc = Q, dO
             row_offset = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
-            slope = 0.0
-            if HAS_ALIBI:
-                slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h) * alibi_unit
+            slope = alibi_slope(Alibi, b, stride_alibi_b, h, alibi_unit, HAS_ALIBI)
             lse_ptr = LSE + row_offset
             delta_ptr = Delta + row_offset
             if DQ_ATOMIC == "tma":
@@ -214,9 +212,7 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, 
         else:
             delta = tl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-        slope = 0.0
-        if HAS_ALIBI:
-            slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h) * alibi_unit
+        slope = alibi_slope(Alibi, b, stride_alibi_b, h, alibi_unit, HAS_ALIBI)
         diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
         lo, full_lo, full_hi, hi = band_tiles(start_m, seqlen_k, diag, left, right, BLOCK_M, BLOCK_N,
                                               MASK_LEFT, MASK_RIGHT)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import modified_scores, online_softmax_step, score_scales
+from .online_softmax import alibi_slope, modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
 
@@ -68,9 +68,7 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.load(cache_leftpad + b))
     if not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64) if HAS_BATCH_IDX else b
-    slopes = 0.0
-    if HAS_ALIBI:
-        slopes = tl.load(Alibi + b * stride_alibi_b + head, mask=row_ok, other=0.0) * alibi_unit  # [BLOCK_M]
+    slopes = alibi_slope(Alibi, b, stride_alibi_b, head, alibi_unit, HAS_ALIBI, row_ok)  # [BLOCK_M]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)

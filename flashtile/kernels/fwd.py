@@ -10,7 +10,7 @@ range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) whole, 
 import triton
 import triton.language as tl
 
-from .online_softmax import modified_scores, online_softmax_step, score_scales
+from .online_softmax import alibi_slope, modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     q_tile_program, sequence_desc, store_tile)
@@ -76,9 +76,7 @@ def flash_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
         q = load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
-        slope = 0.0
-        if HAS_ALIBI:
-            slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h) * alibi_unit
+        slope = alibi_slope(Alibi, b, stride_alibi_b, h, alibi_unit, HAS_ALIBI)
 
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, full_lo, offs_m, diag, left,
                                       right, seqlen_k, qk_scale, softcap_scale, slope, True, MASK_LEFT, MASK_RIGHT,

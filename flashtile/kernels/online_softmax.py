@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+TWO_LOG2E = tl.constexpr(2 * LOG2E)
 
 # 2^f on [0, 1) as 1 + f·(C1 + f·(C2 + f·C3)): relative error under 8.6e-5 (bf16 and fp16 round P coarser),
 # and exactly 1 at f = 0, so exp2(-inf) comes out exactly 0 (see exp2_fma_ptx).
@@ -69,7 +70,7 @@ def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2
 @triton.jit
 def tanh(x):
     """tanh from one exp2: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+    return 1.0 - 2.0 / (tl.math.exp2(x * TWO_LOG2E) + 1.0)
 
 
 @triton.jit
@@ -85,6 +86,15 @@ def modified_scores(qk, softcap_scale, slope, dist, SOFTCAP: tl.constexpr, HAS_A
     if HAS_ALIBI:
         qk -= slope * dist
     return qk, dscore
+
+
+@triton.jit
+def alibi_slope(Alibi, b, stride_alibi_b, head, alibi_unit, HAS_ALIBI: tl.constexpr, mask=True):
+    """Sequence b's ALiBi slope of ``head`` (a scalar or a vector of heads), in logit units; 0 without ALiBi."""
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + head, mask=mask, other=0.0) * alibi_unit
+    return slope
 
 
 def score_scales(softmax_scale, softcap):
