@@ -121,9 +121,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         ops.append_to_cache(k_cache, v_cache, k, v, seqlens, batch_idx, block_table, rotary_cos, rotary_sin,
                             rotary_interleaved)
-        seqlens = seqlens + k.shape[1]
     out, lse = ops.kvcache_forward(q, k_cache, v_cache, seqlens, batch_idx, block_table, capacity, scale, window,
-                                   num_splits, leftpad=cache_leftpad, softcap=softcap, alibi_slopes=alibi_slopes)
+                                   num_splits, leftpad=cache_leftpad, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   want_lse=return_softmax_lse, seqlen_new=0 if k is None else k.shape[1])
     return (out, lse) if return_softmax_lse else out
 
 

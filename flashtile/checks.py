@@ -7,6 +7,7 @@ import torch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _value_checks = os.environ.get("FLASHTILE_VALUE_CHECKS", "1") != "0"
+_interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, as triton did when our kernels loaded
 
 
 def set_value_checks(enabled):
@@ -20,7 +21,7 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 
 
 def interpreter_enabled():
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _interpreter
 
 
 def _tensor(name, t):
@@ -30,6 +31,8 @@ def _tensor(name, t):
 
 def softcap(value):
     """flash-attn's softcap: a number >= 0 (0: off). Returns it as a float."""
+    if type(value) in (float, int) and value == 0.0:
+        return 0.0
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {value!r}")
     return float(value)
@@ -61,7 +64,8 @@ def not_implemented(**options):
 
 def _signature(*values):
     """What the shape and type checks read: shape, dtype and device of each tensor, the type of the rest."""
-    return tuple((v.shape, v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v) for v in values)
+    return tuple([(v.shape, v.dtype, v.device) if isinstance(v, torch.Tensor) else None if v is None else type(v)
+                  for v in values])
 
 
 _QKV_PASSED = set()  # signatures of q, k, v that passed qkv (the checks read nothing else)
@@ -132,7 +136,7 @@ def window(window_size, causal):
     except (TypeError, ValueError):
         raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}") from None
     for side, w in (("left", left), ("right", right)):
-        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+        if type(w) is not int and (isinstance(w, bool) or not isinstance(w, numbers.Integral)):
             raise TypeError(f"window_size {side} must be an int, got {w!r}")
         if w < -1:
             raise ValueError(f"window_size {side} must be >= -1 (-1: unbounded), got {w}")

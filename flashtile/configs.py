@@ -113,11 +113,11 @@ class HopperBwdConfig:
 # Keyed by (head dim, causal). scripts/bwd_split.py on the H200 (docs/results/bwd-split-v1.md, B·N = 16k, 16 heads):
 # a ring of 2 stages ties 4 and beats 3. dQ (scripts/dq_sweep.py, docs/results/dq-sweep-v2-gluon.md): the Gluon
 # kernel, 128x64 tiles, 2 stages, 0.386/0.699/2.366 ms causal at N = 2k/4k/16k against the best portable tiles'
-# 0.473/0.851/2.928 (64x64), 0.658/1.249/4.719 non-causal against 0.707/1.326/5.042 (128x64, 8 warps); its 128-key
-# tiles were 2-5 % faster still non-causal, not yet run through the GPU tests. The portable tiles stay for
-# dq_hopper=None (docs/results/dq-sweep-v1.md: the best of 13 there).
+# 0.473/0.851/2.928 (64x64); non-causal its 128-key tiles, 0.627/1.217/4.587 against 0.658/1.249/4.719 for 64 keys
+# and the portable 0.707/1.326/5.042 (128x64, 8 warps). Causal, 128 keys were -1.5 % to +3 %: 64 kept. The
+# portable tiles stay for dq_hopper=None (docs/results/dq-sweep-v1.md: the best of 13 there).
 BWD_HOPPER = {
-    (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none"), dq_hopper=HopperDqConfig()),
+    (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none"), dq_hopper=HopperDqConfig(block_n=128)),
     (128, True): HopperBwdConfig(BwdConfig(64, 64, 64, 64, 4, 3, "none"), dq_hopper=HopperDqConfig()),
 }
 
@@ -188,6 +188,10 @@ def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
 # D=32/64/256 unswept.
 DECODE_SM90 = {32: TileConfig(16, 128, 4, 3), 64: TileConfig(16, 128, 4, 3), 128: TileConfig(16, 128, 4, 3),
                256: TileConfig(16, 64, 4, 3)}
+# One split (batch x KV heads fill the SMs, so programs come in waves): 2 stages. B=32, L=4k: 3.94 against 3.89
+# TB/s for 3 stages in `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v5-eager.md, eager,
+# cuDNN 3.95 in the same turns), 122 against 124 µs in decode-sweep-v4's CUDA graphs; a tie at L=32k and 128k.
+DECODE_SM90_WAVES = {128: TileConfig(16, 128, 4, 2)}
 DECODE_INTERPRETER = TileConfig(16, 64, 4, 1)
 DECODE_MIN_CHUNK = 256  # keys per split at least
 DECODE_MAX_SPLITS = 16  # more splits only lengthen the merge (B=1, L=32k: 37 µs at 16, 46 µs at 64)
@@ -199,5 +203,8 @@ def decode_splits(programs, capacity, num_sms):
     return max(1, min(num_sms // programs, DECODE_MAX_SPLITS, -(-capacity // DECODE_MIN_CHUNK)))
 
 
-def decode_config(head_dim_pad, interpreter):
-    return DECODE_INTERPRETER if interpreter else DECODE_SM90[head_dim_pad]
+def decode_config(head_dim_pad, interpreter, waves=False):
+    """The decode tiles; ``waves``: (batch, KV head) programs alone fill the SMs (one split)."""
+    if interpreter:
+        return DECODE_INTERPRETER
+    return DECODE_SM90_WAVES.get(head_dim_pad, DECODE_SM90[head_dim_pad]) if waves else DECODE_SM90[head_dim_pad]

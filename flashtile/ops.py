@@ -13,7 +13,7 @@ import triton
 from . import configs
 from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
-from .kernels.decode import arrival_slots, launch_combine, launch_decode
+from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements
 from .kernels.fwd import launch_fwd
 from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
@@ -232,38 +232,49 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_tabl
 
 
 def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,
-                    num_splits, config=None, leftpad=None, softcap=0.0, alibi_slopes=None):
-    """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] keys of each
-    sequence's cache (from leftpad[b] on, if given; scores capped by softcap > 0, ALiBi biases with
-    alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q])."""
+                    num_splits, config=None, leftpad=None, softcap=0.0, alibi_slopes=None, want_lse=True, seqlen_new=0):
+    """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] + seqlen_new
+    keys of each sequence's cache (from leftpad[b] on, if given; scores capped by softcap > 0, ALiBi biases with
+    alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled())
+    programs, sms = batch * k_cache.shape[2], num_sms(q.device)
+    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), programs >= sms)
     if num_splits <= 0:
-        num_splits = configs.decode_splits(batch * k_cache.shape[2], capacity, num_sms(q.device))
+        num_splits = configs.decode_splits(programs, capacity, sms)
     chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
-    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    arrivals = None
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if want_lse else None
+    scratch = None
     if num_splits > 1:
-        arrivals = _arrivals(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q))
+        scratch = _scratch(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q),
+                           partial_elements(num_splits, batch, seqlen_q, nheads, head_dim))
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, arrivals, leftpad, softcap,
-                  _unit_last_stride(alibi_slopes))
+                  softmax_scale, window_size, config, scratch, leftpad, softcap, _unit_last_stride(alibi_slopes),
+                  seqlen_new)
     return out, lse
 
 
-_ARRIVALS = {}
+_SCRATCH = {}
+_RETIRED = []  # outgrown scratch buffers: a captured CUDA graph may still point at them
 
 
-def _arrivals(device, count):
-    """Zeroed int32 counters that the decode kernel leaves zeroed: one buffer per device and stream, grown on
-    demand (calls on one stream run in order, so two never use a counter at the same time)."""
+def _scratch(device, arrivals, partials):
+    """(int32 arrival counters, zeroed and left zeroed by the decode kernel; float32 room for ``partials``
+    partial results), one pair per device and stream, grown on demand: calls on one stream run in order, so
+    two never use them at the same time. While a CUDA graph is captured the partials come from its own pool."""
     key = (device, stream_handle(device) if device.type == "cuda" else 0)
-    buf = _ARRIVALS.get(key)
-    if buf is None or buf.numel() < count:
-        buf = _ARRIVALS[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-    return buf
+    counters, part = _SCRATCH.get(key, (None, None))
+    if counters is None or counters.numel() < arrivals or part.numel() < partials:
+        _RETIRED.extend(t for t in (counters, part) if t is not None)
+        counters = torch.zeros(1 << max(12, (arrivals - 1).bit_length()), dtype=torch.int32, device=device)
+        part = torch.empty(1 << max(20, (partials - 1).bit_length()), dtype=torch.float32, device=device)
+        _SCRATCH[key] = counters, part
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        part = torch.empty(partials, dtype=torch.float32, device=device)
+    elif torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
+        part.fill_(float("nan"))  # as torch.empty does in this mode, so that an unwritten partial shows
+    return counters, part
 
 
 def combine(out_partials, lse_partials, dtype=None):

@@ -34,7 +34,7 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
         elif name in tensors:
             kind = "fp32" if name == "dQacc" else dtype
             sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {tensors[name]}, 1, {pad}]>"
-        elif name in ("LSE", "Delta", "dQacc", "O_part", "LSE_part", "Alibi"):
+        elif name in ("LSE", "Delta", "dQacc", "Part", "Alibi"):
             sig[name] = "*fp32"
         elif name in ("Q", "K", "V", "Out"):  # decode's pointers (its K, V descriptors are listed in tensors)
             sig[name] = f"*{dtype}"
@@ -85,12 +85,12 @@ def main():
                       MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
                       DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
         rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
-    for pad, cfg in configs.DECODE_SM90.items():
+    for pad, cfg in [*configs.DECODE_SM90.items(), *configs.DECODE_SM90_WAVES.items()]:
         for paged in (False, True):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
                           USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
                           MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
-                          HAS_ALIBI=False, DOT_PRECISION="tf32")
+                          HAS_ALIBI=False, WRITE_LSE=False, DOT_PRECISION="tf32")
             tensors = dict(K=cfg.block_n, V=cfg.block_n)
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)

@@ -8,7 +8,7 @@ import triton
 
 import flashtile
 from flashtile import checks, configs, ops
-from flashtile.kernels.decode import launch_decode
+from flashtile.kernels.decode import launch_decode, partial_elements
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def main():
     seqlens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
     out, lse = torch.empty_like(q), torch.empty(1, 32, 1, device="cuda")
     cfg = configs.decode_config(128, False)
-    arrivals = ops._arrivals(q.device, 64)
+    scratch = ops._scratch(q.device, 8, partial_elements(16, 1, 1, 32, 128))
     x = torch.empty(1, device="cuda")
     qf, kf, vf = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     k1, v1 = (torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -52,9 +52,9 @@ def main():
         "decode: ops.kvcache_forward": lambda: ops.kvcache_forward(q, k_cache, v_cache, seqlens, None, None, 4096,
                                                                    0.088, (-1, -1), 0),
         "decode: launch_decode (16 splits)": lambda: launch_decode(q, k_cache, v_cache, seqlens, None, None, out, lse,
-                                                                   16, 256, 0.088, (-1, -1), cfg, arrivals),
+                                                                   16, 256, 0.088, (-1, -1), cfg, scratch),
         "decode: launch_decode (1 split)": lambda: launch_decode(q, k_cache, v_cache, seqlens, None, None, out, lse,
-                                                                 1, 4096, 0.088, (-1, -1), cfg, arrivals),
+                                                                 1, 4096, 0.088, (-1, -1), cfg),
         "torch.empty x2": lambda: (torch.empty(16, 1, 1, 32, 128, device="cuda"), torch.empty(1, 32, 1, device="cuda")),
         "triton: empty kernel, 1 arg": lambda: _empty_kernel[(1,)](x),
         "forward: flash_attn_func": lambda: flashtile.flash_attn_func(qf, kf, vf),

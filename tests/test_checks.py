@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import flashtile
+from flashtile import checks
 from flashtile.kernels import fwd
 from helpers import DEVICE, randn
 
@@ -68,7 +69,7 @@ def test_device_mismatch():
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU-tensor refusal is seen only off the interpreter")
 def test_cpu_tensor_without_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(checks, "_interpreter", False)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         call(*qkv())
 

@@ -22,8 +22,9 @@ def test_forward_compiles_for_sm90():
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel", "flash_decode_split_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
-    assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER)
-                         + 2 * len(configs.DECODE_SM90) + len(configs.FWD_HOPPER) * len(hopper))
+    decode = len(configs.DECODE_SM90) + len(configs.DECODE_SM90_WAVES)
+    assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER) + 2 * decode
+                         + len(configs.FWD_HOPPER) * len(hopper))
     assert sum(r.get("delta_here", False) for r in rows) == len(configs.BWD_HOPPER)  # the sm90 dQ programs
     for row in rows:
         if row["kernel"] != "flash_decode_split_kernel":  # decode: 16-row dots and gathered pages

@@ -240,7 +240,7 @@ def test_split_merge_leaves_its_counters_zeroed():
                 lengths, dtype=torch.int32, device=DEVICE), causal=True, num_splits=4, return_softmax_lse=True)
         ref, ref_lse, base = expected(q, k_cache, v_cache, lengths, causal=True)
         assert_attention_close(out, ref, base, lse, ref_lse)
-    assert ops._ARRIVALS and all(int(buf.abs().sum()) == 0 for buf in ops._ARRIVALS.values())
+    assert ops._SCRATCH and all(int(counters.abs().sum()) == 0 for counters, _ in ops._SCRATCH.values())
 
 
 def test_cache_batch_idx_and_int_seqlens():

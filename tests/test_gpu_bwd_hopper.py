@@ -52,13 +52,14 @@ def test_forward_backward_replay_in_cuda_graph():
     assert_graph_replays_like_eager(step, (q, k, v, dout))
 
 
-@pytest.mark.parametrize("dq_kernel", ["portable", "gluon"])
+@pytest.mark.parametrize("dq_kernel", ["portable", "gluon", "gluon-128keys"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (3, 17, 113, 2, 1)],
                          ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}")
 def test_either_dq_kernel(shape, causal, dq_kernel, monkeypatch):
     """The dQ half of the sm90 backward by each of its two kernels (configs.HopperBwdConfig.dq_hopper)."""
-    dq_hopper = configs.HopperDqConfig() if dq_kernel == "gluon" else None
+    dq_hopper = {"portable": None, "gluon": configs.HopperDqConfig(),
+                 "gluon-128keys": configs.HopperDqConfig(block_n=128)}[dq_kernel]
     table = {key: dataclasses.replace(c, dq_hopper=dq_hopper) for key, c in configs.BWD_HOPPER.items()}
     monkeypatch.setattr(configs, "BWD_HOPPER", table)
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape

@@ -50,32 +50,39 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
     }
 
 
-def sweep(shapes=((1, 4096), (1, 32768), (8, 4096), (8, 32768), (8, 131072), (32, 4096), (32, 32768))):
-    """Decode tile configs and split counts (0: automatic) on a few shapes, contiguous cache, timed under a
-    CUDA graph so that host time does not count: KV TB/s per (config, splits)."""
-    import triton
+SWEEP_SHAPES = ((1, 4096), (1, 32768), (8, 4096), (8, 32768), (8, 131072), (32, 4096), (32, 32768))
+SWEEP_CONFIGS = ((128, 4, 3), (128, 4, 2), (64, 4, 3), (64, 4, 2))
+
+
+def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, splits=(0, 1, 2, 4, 8, 16), rounds=2):
+    """Decode tile configs (block_n, warps, stages) and split counts (0: automatic) on a few shapes, contiguous
+    cache, timed like the bench (eager do_bench, turns with cuDNN in the same loop): KV TB/s (µs) per cell."""
     from .. import ops
     from ..configs import TileConfig
-    candidates = [(TileConfig(16, *c), s) for c in [(128, 4, 3), (128, 4, 2), (64, 4, 3)] for s in (0, 1, 2, 4, 8, 16)]
+    candidates = [(TileConfig(16, *c), s) for c in configs for s in splits]
     print("| block_n, warps, stages, splits | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
     print("|---" * (len(shapes) + 1) + "|")
-    results = {c: [] for c in candidates}
-    for batch, seqlen in shapes:
+    results = {c: [] for c in [None, *candidates]}
+    for batch, seqlen in progress(shapes, "sweep"):
+        fns = peers(batch, seqlen)
         q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
         kc, vc = (torch.randn(batch, 8, seqlen, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                   for _ in range(2))
         seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
         idx = torch.arange(batch, dtype=torch.int32, device="cuda")
-        for cfg, splits in candidates:
-            try:
-                us = triton.testing.do_bench_cudagraph(lambda: ops.kvcache_forward(
-                    q, kc, vc, seqlens, idx, None, seqlen, 0.088, (-1, -1), splits, config=cfg),
-                    rep=50, return_mode="median") * 1e3
-                results[(cfg, splits)].append(f"{2 * batch * seqlen * 8 * 128 * 2 / us / 1e6:.2f} ({us:.0f})")
-            except Exception as err:  # a config that does not fit is reported
-                results[(cfg, splits)].append(type(err).__name__)
-    for (cfg, splits), cells in results.items():
-        print(f"| {cfg.block_n}, {cfg.num_warps}, {cfg.num_stages}, {splits} | " + " | ".join(cells) + " |")
+        timers = {None: functools.partial(_eager_us, fns["cuDNN"])}
+        for cfg, s in candidates:
+            timers[(cfg, s)] = functools.partial(_eager_us, functools.partial(
+                ops.kvcache_forward, q, kc, vc, seqlens, idx, None, seqlen, 0.088, (-1, -1), s, config=cfg,
+                want_lse=False))
+        kv_bytes = 2 * batch * seqlen * 8 * 128 * 2
+        for key, (us, error) in best_of_turns(timers, rounds).items():
+            results[key].append(f"{kv_bytes / us / 1e6:.2f} ({us:.0f})" if us else error[:20])
+        del fns, q, kc, vc
+        torch.cuda.empty_cache()
+    for key, cells in results.items():
+        name = "cuDNN" if key is None else f"{key[0].block_n}, {key[0].num_warps}, {key[0].num_stages}, {key[1]}"
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def _eager_us(fn):
@@ -95,11 +102,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="eager turns each peer takes per shape; best kept")
     parser.add_argument("--out", default="results")
     parser.add_argument("--sweep", action="store_true", help="only sweep the decode tile configs")
+    parser.add_argument("--sweep-configs", type=int, nargs="+", help="block_n warps stages, flat (with --sweep)")
+    parser.add_argument("--sweep-splits", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flashtile.bench.decode needs a CUDA GPU")
     if args.sweep:
-        return sweep()
+        cfgs = SWEEP_CONFIGS if not args.sweep_configs else tuple(zip(*[iter(args.sweep_configs)] * 3))
+        return sweep(tuple((b, n) for b in args.batches for n in args.seqlens), cfgs, args.sweep_splits, args.rounds)
     import triton
     os.makedirs(args.out, exist_ok=True)
     rows = []

@@ -13,7 +13,6 @@ The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through 
 row b), or paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b
 lives in page block_table[b, j // page_size] at offset j % page_size.
 """
-import torch
 import triton
 import triton.language as tl
 
@@ -27,26 +26,28 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def flash_decode_split_kernel(
-    Q, K, V, O_part, LSE_part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad, Alibi,
+    Q, K, V, Part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad, Alibi,
     stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
-    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, stride_alibi_b, seqlen_q, nheads_k, page_size, chunk,
-    qk_scale, softcap_scale, alibi_unit, left, right, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-    USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, stride_alibi_b, lse_part_start, seqlen_q, seqlen_new,
+    nheads_k, page_size, chunk, qk_scale, softcap_scale, alibi_unit, left, right, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+    HAS_LEFTPAD: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, WRITE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
-    LSE, and the last split of a (batch, KV head, row tile) to arrive merges them into Out and LSE; without,
-    the single split writes Out and LSE itself. With SOFTCAP the scores are tanh(q·k · softcap_scale), and
+    LSE to Part (float32: the O of every split, then their LSE from lse_part_start on), and the last split of
+    a (batch, KV head, row tile) to arrive merges them into Out and LSE; without, the single split writes Out
+    and LSE itself; LSE only with WRITE_LSE. With SOFTCAP the scores are tanh(q·k · softcap_scale), and
     qk_scale carries the cap (flash-attn's softcap: cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score
     gets −slope · |i + diag − j| (query i, key j), in units of the logit (alibi_unit = 1 / (cap or scale))."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads_k).to(tl.int64)
     h_k = (pid_bh % nheads_k).to(tl.int64)
-    seqlen_k = tl.load(cache_seqlens + b)
+    seqlen_k = tl.load(cache_seqlens + b) + seqlen_new  # the keys before this step's append, and the new ones
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     token = rows // GROUP  # [BLOCK_M]
     head = h_k * GROUP + rows % GROUP
@@ -107,6 +108,8 @@ def flash_decode_split_kernel(
     acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     if SPLIT:
+        O_part, LSE_part = Part, Part + lse_part_start
+        split = split.to(tl.int64)
         o_rows = b * stride_ob + token * stride_ot + head * stride_oh
         l_rows = b * stride_lb + head * stride_lh + token
         tl.store(O_part + split * stride_os + o_rows[:, None] + offs_d[None, :], acc,
@@ -125,21 +128,23 @@ def flash_decode_split_kernel(
                 merge_rows(O_part, LSE_part, Out, LSE, b * stride_ob + t * stride_ot + hq * stride_oh,
                            b * stride_lb + hq * stride_lh + t, b * stride_out_b + t * stride_out_t + hq * stride_out_h,
                            b * stride_lse_b + hq * stride_lse_h + t, r < n_rows, tl.num_programs(0), stride_os,
-                           stride_ls, HEAD_DIM, HEAD_DIM_PAD, BLOCK_S)
+                           stride_ls, HEAD_DIM, HEAD_DIM_PAD, BLOCK_S, WRITE_LSE)
     else:
         out_rows = b * stride_out_b + token * stride_out_t + head * stride_out_h  # [BLOCK_M]
         tl.store(Out + out_rows[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(LSE + b * stride_lse_b + head * stride_lse_h + token, lse, mask=row_ok)
+        if WRITE_LSE:
+            tl.store(LSE + b * stride_lse_b + head * stride_lse_h + token, lse, mask=row_ok)
 
 
 @triton.jit
 def merge_rows(O_part, LSE_part, Out, LSE, o_rows, l_rows, out_rows, lse_rows, row_ok, num_splits, stride_os,
-               stride_ls, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+               stride_ls, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+               WRITE_LSE: tl.constexpr):
     """Rows given by their offsets into the partials (o_rows, l_rows) and into Out and LSE, every split of
     every row loaded at once: Out = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s). −inf partials
-    weigh 0 (whatever their O holds); all −inf gives 0."""
-    splits = tl.arange(0, BLOCK_S)
+    weigh 0 (whatever their O holds); all −inf gives 0. LSE is written only with WRITE_LSE."""
+    splits = tl.arange(0, BLOCK_S).to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
     ok = (splits < num_splits)[:, None] & row_ok[None, :]  # [BLOCK_S, rows]
@@ -156,8 +161,9 @@ def merge_rows(O_part, LSE_part, Out, LSE, o_rows, l_rows, out_rows, lse_rows, r
     out = out / tl.where(empty, 1.0, total)[:, None]
     tl.store(Out + out_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + lse_rows, tl.where(empty, float("-inf"), lse_ref + tl.log(tl.where(empty, 1.0, total))),
-             mask=row_ok)
+    if WRITE_LSE:
+        tl.store(LSE + lse_rows, tl.where(empty, float("-inf"), lse_ref + tl.log(tl.where(empty, 1.0, total))),
+                 mask=row_ok)
 
 
 @triton.jit
@@ -174,7 +180,7 @@ def combine_kernel(O_part, LSE_part, Out, LSE, num_splits, num_rows, seqlen_q, n
     merge_rows(O_part, LSE_part, Out, LSE, b * stride_ob + t * stride_ot + h * stride_oh,
                b * stride_lb + h * stride_lh + t, b * stride_out_b + t * stride_out_t + h * stride_out_h,
                b * stride_lse_b + h * stride_lse_h + t, row < num_rows, num_splits, stride_os, stride_ls, HEAD_DIM,
-               HEAD_DIM_PAD, BLOCK_S)
+               HEAD_DIM_PAD, BLOCK_S, True)
 
 
 def merge_rows_per_step(block_s, head_dim_pad):
@@ -199,43 +205,46 @@ _REPLAYS = Replays()  # see launch_decode
 
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, arrivals=None, leftpad=None, softcap=0.0, alibi_slopes=None):
-    """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q) in one launch: a program per
-    (split of ``chunk`` keys, batch, KV head, tile of query rows). With several splits, ``arrivals`` holds
-    int32 zeros, one per (batch, KV head, row tile), and is left zeroed. ``leftpad`` (int32 (batch,)): the
-    keys of sequence b are cache slots [leftpad[b], cache_seqlens[b]). ``softcap`` > 0 caps the
-    scores at ±softcap by tanh. ``alibi_slopes`` float32 (nheads,) or (batch, nheads): ALiBi biases.
+                  softmax_scale, window_size, config, scratch=None, leftpad=None, softcap=0.0, alibi_slopes=None,
+                  seqlen_new=0):
+    """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q; None: not written) in one launch:
+    a program per (split of ``chunk`` keys, batch, KV head, tile of query rows). With several splits,
+    ``scratch`` is (arrivals, part): int32 zeros, one per (batch, KV head, row tile), left zeroed, and float32
+    room for the partial results (``partial_elements``). ``leftpad`` (int32 (batch,)): the keys of sequence b
+    are cache slots [leftpad[b], cache_seqlens[b] + seqlen_new) (``seqlen_new``: tokens appended this step).
+    ``softcap`` > 0 caps the scores at ±softcap by tanh. ``alibi_slopes`` float32 (nheads,) or (batch, nheads):
+    ALiBi biases.
 
     A decode loop calls this with the same shapes, cache and options every step: the first call of a key
     builds the launch, later ones replay it with the step's tensors (kernels/replay.py). The key holds the
     caches' addresses (their TMA descriptors are kept) and every pointer's 16-byte alignment."""
+    arrivals, part = scratch or (None, None)
     key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(),
-           k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype, out.stride(), lse.stride(),
-           block_table is None or block_table.shape, block_table is None or block_table.stride(), batch_idx is None,
-           leftpad is None, arrivals is None, num_splits, chunk, softmax_scale, softcap, window_size, config,
-           None if alibi_slopes is None else alibi_slopes.stride(),
-           aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals, leftpad, alibi_slopes))
+           k_cache.data_ptr(), v_cache.data_ptr(), out.stride(), lse is None or lse.stride(),
+           block_table is None or block_table.shape, block_table is None or block_table.stride(), num_splits, chunk,
+           softmax_scale, softcap, window_size, config, None if alibi_slopes is None else alibi_slopes.stride(),
+           seqlen_new,
+           aligned(q, out, lse, cache_seqlens, block_table, batch_idx, arrivals, part, leftpad, alibi_slopes))
     replay = _REPLAYS.get(key)
-    split = num_splits > 1
-    if split:
-        batch, seqlen_q, nheads, head_dim = q.shape
-        out_part = torch.empty(num_splits, batch, seqlen_q, nheads, head_dim, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    else:
-        out_part, lse_part = out, lse
     if replay is None:
-        replay = _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table,
-                               batch_idx, leftpad, alibi_slopes, num_splits, chunk, softmax_scale, softcap,
-                               window_size, config)
+        replay = _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
+                               leftpad, alibi_slopes, num_splits, chunk, softmax_scale, softcap, window_size, config,
+                               seqlen_new)
         _REPLAYS.put(key, replay)
     else:
         caches = () if replay.descriptors else (k_cache, v_cache)
-        replay.run(q.device, q, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
+        replay.run(q.device, q, part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
                    alibi_slopes, *caches)
 
 
-def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
-                  leftpad, alibi_slopes, num_splits, chunk, softmax_scale, softcap, window_size, config):
+def partial_elements(num_splits, batch, seqlen_q, nheads, head_dim):
+    """float32 elements of the split partials: O (splits, batch, seqlen_q, nheads, head_dim), then LSE
+    (splits, batch, nheads, seqlen_q)."""
+    return num_splits * batch * seqlen_q * nheads * (head_dim + 1)
+
+
+def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, block_table, batch_idx,
+                  leftpad, alibi_slopes, num_splits, chunk, softmax_scale, softcap, window_size, config, seqlen_new):
     """Launch through Triton's usual path and return the Replay of it."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
@@ -249,22 +258,25 @@ def _first_launch(q, k_cache, v_cache, out_part, lse_part, out, lse, arrivals, c
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad) if use_tma else (
         k_cache, v_cache)
     split = num_splits > 1
-    part_strides = (*out_part.stride()[:4], *lse_part.stride()[:3]) if split else (0,) * 7
+    rows = batch * seqlen_q * nheads  # the partials are contiguous: O (s, b, t, h, d), then LSE (s, b, h, t)
+    part_strides = (rows * head_dim, seqlen_q * nheads * head_dim, nheads * head_dim, head_dim, rows,
+                    nheads * seqlen_q, seqlen_q)
     grid = (num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))
-    args = (q, k_arg, v_arg, out_part, lse_part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
+    args = (q, k_arg, v_arg, part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
             alibi_slopes, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
-            *out.stride()[:3], lse.stride(0), lse.stride(1), block_table.stride(0) if paged else 0,
+            *out.stride()[:3], *((0, 0) if lse is None else lse.stride()[:2]), block_table.stride(0) if paged else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            seqlen_q, nheads_k, page_size, chunk, *score_scales(softmax_scale, softcap), max(left, 0), max(right, 0))
+            num_splits * rows * head_dim, seqlen_q, seqlen_new, nheads_k, page_size, chunk,
+            *score_scales(softmax_scale, softcap), max(left, 0), max(right, 0))
     block_s = max(2, next_pow2(num_splits))
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
                   HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-                  DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
-                  num_stages=config.num_stages)
-    slots = ["Q", "O_part", "LSE_part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx",
-             "cache_leftpad", "Alibi"]
+                  WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    slots = ["Q", "Part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx", "cache_leftpad",
+             "Alibi"]
     replay = Replay(flash_decode_split_kernel, grid, args, kwargs, slots + ([] if use_tma else ["K", "V"]))
     if use_tma and replay.compiled is not None:  # the key pins the caches' addresses: keep their descriptors
         replay.descriptors = [detach_descriptor(d) for d in (k_arg, v_arg)]

@@ -96,10 +96,12 @@ def _tiles(x, cos):
 _REPLAYS = Replays()  # a decode loop repeats its shapes: later steps replay the launch (kernels/replay.py)
 
 
-def _launch(kernel, grid, key, slots, tensors, scalars, kwargs):
-    """``kernel[grid](*tensors, *scalars, **kwargs)``, replayed with new ``tensors`` when ``key`` was seen."""
+def _launch(kernel, grid, key, slots, tensors, first):
+    """``kernel[grid](*tensors, *scalars, **kwargs)`` with (scalars, kwargs) = first(), replayed with new
+    ``tensors`` when ``key`` was seen (first() runs only then)."""
     replay = _REPLAYS.get(key)
     if replay is None:
+        scalars, kwargs = first()
         _REPLAYS.put(key, Replay(kernel, grid, tensors + scalars, kwargs, slots))
     else:
         replay.run(tensors[0].device, *tensors)
@@ -113,10 +115,9 @@ def launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
     tensors = (x, out, cos, sin, cache_seqlens)
     key = ("rotary", x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, sin.stride(),
            sin.dtype, per_token, interleaved, aligned(*tensors))
-    scalars = (x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), cos.stride(0),
-               sin.stride(0), nheads)
-    _launch(rotary_kernel, (seqlen, batch), key, ["X", "Out", "Cos", "Sin", "cache_seqlens"], tensors, scalars,
-            dict(PER_TOKEN=per_token, INTERLEAVED=interleaved, **_tiles(x, cos)))
+    _launch(rotary_kernel, (seqlen, batch), key, ["X", "Out", "Cos", "Sin", "cache_seqlens"], tensors, lambda: (
+        (*x.stride()[:3], *out.stride()[:3], cos.stride(0), sin.stride(0), nheads),
+        dict(PER_TOKEN=per_token, INTERLEAVED=interleaved, **_tiles(x, cos))))
     return out
 
 
@@ -132,10 +133,10 @@ def launch_append(k, v, k_cache, v_cache, cache_seqlens, block_table, batch_idx,
            v_cache.stride(), None if cos is None else (cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype),
            None if block_table is None else (block_table.shape, block_table.stride()), batch_idx is None,
            interleaved, aligned(*tensors))
-    scalars = (*k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
-               block_table.stride(0) if paged else 0, 0 if cos is None else cos.stride(0),
-               0 if sin is None else sin.stride(0), nheads_k, k_cache.shape[1] if paged else 0)
     _launch(append_kernel, (seqlen_new, batch), key,
             ["K", "V", "K_cache", "V_cache", "Cos", "Sin", "cache_seqlens", "block_table", "batch_idx"], tensors,
-            scalars, dict(ROTARY=cos is not None, INTERLEAVED=interleaved, PAGED=paged,
-                          HAS_BATCH_IDX=batch_idx is not None, **_tiles(k, cos)))
+            lambda: ((*k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+                      block_table.stride(0) if paged else 0, 0 if cos is None else cos.stride(0),
+                      0 if sin is None else sin.stride(0), nheads_k, k_cache.shape[1] if paged else 0),
+                     dict(ROTARY=cos is not None, INTERLEAVED=interleaved, PAGED=paged,
+                          HAS_BATCH_IDX=batch_idx is not None, **_tiles(k, cos))))
