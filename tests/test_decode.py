@@ -243,6 +243,21 @@ def test_split_merge_leaves_its_counters_zeroed():
     assert ops._SCRATCH and all(int(counters.abs().sum()) == 0 for counters, _ in ops._SCRATCH.values())
 
 
+def test_scratch_is_reused_and_grows():
+    """The split partials and arrival counters live in one scratch pair per device and stream: reused while it
+    is big enough, replaced by a bigger (zeroed counters) one when not, the outgrown pair kept alive (a captured
+    CUDA graph may still point at it)."""
+    from flashtile import ops
+    device = torch.device(DEVICE)
+    counters, part = ops._scratch(device, 4, 100)
+    assert ops._scratch(device, 4, 100)[0] is counters and ops._scratch(device, 4, 100)[1] is part
+    bigger, bigger_part = ops._scratch(device, counters.numel() + 1, 100)
+    assert bigger.numel() > counters.numel() and int(bigger.abs().sum()) == 0
+    assert any(t is counters for t in ops._RETIRED) and any(t is part for t in ops._RETIRED)
+    _, wider = ops._scratch(device, 4, bigger_part.numel() + 1)
+    assert wider.numel() > bigger_part.numel() and any(t is bigger_part for t in ops._RETIRED)
+
+
 def test_cache_batch_idx_and_int_seqlens():
     q = randn(2, 1, 4, 64, dtype=torch.float16)
     k_cache, v_cache = (randn(5, 100, 4, 64, dtype=torch.float16) for _ in range(2))
