@@ -264,13 +264,14 @@ def _scratch(device, arrivals, partials):
     partial results), one pair per device and stream, grown on demand: calls on one stream run in order, so
     two never use them at the same time. While a CUDA graph is captured the partials come from its own pool."""
     key = (device, stream_handle(device) if device.type == "cuda" else 0)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     counters, part = _SCRATCH.get(key, (None, None))
-    if counters is None or counters.numel() < arrivals or part.numel() < partials:
+    if counters is None or counters.numel() < arrivals or (part.numel() < partials and not capturing):
         _RETIRED.extend(t for t in (counters, part) if t is not None)
         counters = torch.zeros(1 << max(12, (arrivals - 1).bit_length()), dtype=torch.int32, device=device)
         part = torch.empty(1 << max(20, (partials - 1).bit_length()), dtype=torch.float32, device=device)
         _SCRATCH[key] = counters, part
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing:  # the graph's own partials: the shared ones need not grow for it
         part = torch.empty(partials, dtype=torch.float32, device=device)
     elif torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
         part.fill_(float("nan"))  # as torch.empty does in this mode, so that an unwritten partial shows
