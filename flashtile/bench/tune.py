@@ -7,7 +7,8 @@ import torch
 
 from .. import checks, ops
 from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig
-from .__main__ import HIDDEN, TOKENS, bench_ms, error_text, fwd_flops, progress
+from .__main__ import HIDDEN, TOKENS, best_of_turns, bench_ms, error_text, fwd_flops, progress, time_peer
+from .peers import FORWARD
 
 FWD_CANDIDATES = [TileConfig(*c) for c in [
     (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
@@ -66,36 +67,26 @@ def main(argv=None):
     parser.add_argument("--backward", action="store_true", help="sweep the backward")
     parser.add_argument("--hopper", action="store_true", help="sweep the warp-specialized sm90 forward")
     parser.add_argument("--pick", type=int, nargs="+", help="only these candidates (indices into the list)")
+    parser.add_argument("--peers", nargs="*", default=[], choices=list(FORWARD),
+                        help="forward peers timed in the same turns as the candidates (a row each)")
+    parser.add_argument("--rounds", type=int, default=1, help="turns each candidate and peer takes; best kept")
     args = parser.parse_args(argv)
     candidates = BWD_CANDIDATES if args.backward else HOPPER_CANDIDATES if args.hopper else FWD_CANDIDATES
     if args.pick:
         candidates = [candidates[i] for i in args.pick]
     results = {}
-    cases = list(itertools.product(args.head_dims, [False, True], args.seqlens, candidates))
-    for d, causal, n, cfg in progress(cases, "tile sweep"):
+    for d, causal, n in progress(list(itertools.product(args.head_dims, [False, True], args.seqlens)), "tile sweep"):
         b, h = TOKENS // n, HIDDEN // d
         q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         window = checks.window((-1, -1), causal)
-        scale = d ** -0.5
-        flops = fwd_flops(b, h, n, n, d, causal)
-        try:
-            if args.backward:
-                out, lse = ops.attention_forward(q, k, v, scale, window, True)
-                deterministic = cfg.dq_atomic == "none"
-                ms = bench_ms(lambda: ops.attention_backward(dout, q, k, v, out, lse, scale, window, True,
-                                                             deterministic, config=cfg), 10, 40)
-                flops *= 2.5
-            else:
-                if args.hopper:  # a fast wrong kernel must not win: compare with the portable kernel first
-                    out, _ = ops.attention_forward(q, k, v, scale, window, True, config=cfg)
-                    ref, _ = ops.attention_forward(q, k, v, scale, window, True, config=FWD_SM90[(d, causal)])
-                    if not (out.float() - ref.float()).abs().max().item() < 2e-2:
-                        raise ValueError("output differs from the portable kernel")
-                ms = bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40)
-            results[(d, causal, n, cfg)] = flops / ms / 1e9
-        except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
-            results[(d, causal, n, cfg)] = None
-            print(f"skip {_label(cfg)} d{d}: {error_text(err, 100)}")
+        flops = fwd_flops(b, h, n, n, d, causal) * (2.5 if args.backward else 1)
+        timers = {cfg: _candidate_timer(cfg, args, q, k, v, dout, window, causal) for cfg in candidates}
+        timers.update({peer: lambda peer=peer: time_peer(FORWARD[peer], causal, q, k, v, 10, 40)
+                       for peer in ([] if args.backward else args.peers)})
+        for key, (ms, error) in best_of_turns(timers, args.rounds).items():
+            results[(d, causal, n, key)] = flops / ms / 1e9 if ms else None
+            if error:
+                print(f"skip {key if isinstance(key, str) else _label(key)} d{d}: {error}")
     label = ("K/V tile / Q tile, warps,stages dQ" if args.backward else "BM,BN x stages, consumer regs" if args.hopper
              else "BM,BN,warps,stages")
     print(f"| D | causal | {label} | "
@@ -103,13 +94,36 @@ def main(argv=None):
     print("|---" * (len(args.seqlens) + 4) + "|")
     for d, causal in itertools.product(args.head_dims, [False, True]):
         scored = []
-        for cfg in candidates:
-            vals = [results[(d, causal, n, cfg)] for n in args.seqlens]
+        for key in candidates + ([] if args.backward else args.peers):
+            vals = [results[(d, causal, n, key)] for n in args.seqlens]
             mean = sum(vals) / len(vals) if all(vals) else 0.0
-            scored.append((mean, cfg, vals))
-        for mean, cfg, vals in sorted(scored, key=lambda s: s[0], reverse=True):
+            scored.append((mean, key if isinstance(key, str) else _label(key), vals))
+        for mean, name, vals in sorted(scored, key=lambda s: s[0], reverse=True):
             cells = " | ".join(f"{x:.0f}" if x else "–" for x in vals)
-            print(f"| {d} | {'yes' if causal else 'no'} | {_label(cfg)} | {cells} | {mean:.0f} |")
+            print(f"| {d} | {'yes' if causal else 'no'} | {name} | {cells} | {mean:.0f} |")
+
+
+def _candidate_timer(cfg, args, q, k, v, dout, window, causal):
+    """() -> (median ms or None, error or None) of one tile config on these inputs."""
+    d = q.shape[-1]
+    scale = d ** -0.5
+
+    def timer():
+        try:
+            if args.backward:
+                out, lse = ops.attention_forward(q, k, v, scale, window, True)
+                deterministic = cfg.dq_atomic == "none"
+                return bench_ms(lambda: ops.attention_backward(dout, q, k, v, out, lse, scale, window, True,
+                                                               deterministic, config=cfg), 10, 40), None
+            if args.hopper:  # a fast wrong kernel must not win: compare with the portable kernel first
+                out, _ = ops.attention_forward(q, k, v, scale, window, True, config=cfg)
+                ref, _ = ops.attention_forward(q, k, v, scale, window, True, config=FWD_SM90[(d, causal)])
+                if not (out.float() - ref.float()).abs().max().item() < 2e-2:
+                    raise ValueError("output differs from the portable kernel")
+            return bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40), None
+        except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
+            return None, error_text(err, 100)
+    return timer
 
 
 if __name__ == "__main__":
