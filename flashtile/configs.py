@@ -45,12 +45,12 @@ FWD_SM90 = {
 @dataclass(frozen=True)
 class HopperFwdConfig:
     """The warp-specialized sm90 forward (kernels/fwd_hopper.py)."""
-    block_m: int  # Q rows per program, half to each of the two consumer warpgroups
+    block_m: int  # Q rows per program, 64 to each consumer warpgroup (two or three of them)
     block_n: int  # K/V rows per tile
     num_stages: int  # K/V tiles in the shared-memory ring
     consumer_regs: int = 240  # registers per thread of a consumer warpgroup (setmaxnreg)
-    maxnreg: int = 168  # the kernel's cap at entry: 12 warps x 32 x 168 fit the 64K-register file
-    pingpong: bool = True  # the two consumer warpgroups take turns issuing their products
+    maxnreg: int = 168  # the cap at entry: 12 warps x 32 x 168 fit the 64K-register file (16 warps: 128)
+    pingpong: bool = True  # the consumer warpgroups take turns (in a ring) issuing their products
     overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1
     persistent: bool = False  # one program per SM looping over pairs of Q tiles (else one per pair)
     persistent_max_seqlen: int = 1 << 31  # ... when the longest query sequence is at most this long
@@ -69,8 +69,12 @@ class HopperFwdConfig:
 # D=64 (docs/results/bench-v7.md, same run as the portable kernel, N = 1k/2k/4k/8k/16k): non-causal, the
 # persistent grid with the overlap 387/423/434/443/448 against the portable 426/414/422/429/437, so from 2k
 # query rows; causal 284/357/395/420/438 against 325/361/392/438/425, no clear win: causal stays portable.
+# Run 18 (tune-hopper-v9-3wg.md, N = 1k/4k/16k): D=64 in 192-row tiles, three consumer warpgroups of 160
+# registers, non-causal persistent 397/488/499 against 388/445/445 with two warpgroups and 419/469/438 portable
+# (cuDNN 437/475/496); causal 163/368/447 against the portable 327/416/425. At 2k/8k (tune-hopper-v9-3wg-b.md)
+# 447/516 against the portable 457/453 (cuDNN 467/492): three warpgroups from 4k query rows, causal portable.
 FWD_HOPPER = {
-    (64, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, min_seqlen_q=2048),
+    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=4096),
     (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True),
     (128, True): HopperFwdConfig(128, 128, 3, persistent=True, persistent_max_seqlen=4096),
     (256, False): HopperFwdConfig(128, 64, 2),

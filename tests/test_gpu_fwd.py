@@ -26,7 +26,7 @@ def test_hopper_kernel_covers_the_common_layouts(forward_backend):
     """The Hopper kernel, not the fallback, runs the shapes users time: flash-attn and SDPA layouts, GQA."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel is for sm90")
-    for head_dim in (64, 128, 256):  # D=64 only from 2048 query rows, non-causal (configs.FWD_HOPPER)
+    for head_dim in (64, 128, 256):  # D=64 only from 4096 query rows, non-causal (configs.FWD_HOPPER)
         for dtype in LOW:
             q = randn(2, 1000, 8, head_dim, dtype=dtype)
             k = randn(2, 1000, 2, head_dim, dtype=dtype)
@@ -134,3 +134,28 @@ def test_exp2_on_fma_units(every, head_dim, causal, forward_backend, monkeypatch
                                                        causal=causal, return_attn_probs=True)
     ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
     assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
+    """192-row Q tiles shared by three consumer warpgroups (D=64's config), forced onto every shape: ragged
+    lengths, causal with Nq != Nk, GQA and MQA, fp16, packed sequences with empty ones; bitwise repeatable."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's tile config")
+    three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True)
+    assert three.block_m // 64 == 3
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(64, causal): three})
+    for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
+        check(2, seqlen_q, seqlen_k, 8, 2, 64, torch.bfloat16, causal)
+    check(1, 4096, 4096, 4, 1, 64, torch.float16, causal)
+    seqlens_q, seqlens_k = [300, 0, 2048, 77, 193], [129, 40, 2048, 0, 500]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 64, torch.bfloat16)
+    assert ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is three
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                       causal=causal, return_attn_probs=True)
+    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
+    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+    q, k, v = (randn(2, 3000, 16, 64, dtype=torch.bfloat16) for _ in range(3))
+    first = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))

@@ -45,7 +45,12 @@ HOPPER_CANDIDATES = [HopperFwdConfig(*c) for c in [
     (128, 128, 3, 240, 168, True, True, True, 1 << 31, 4),  # 1 in 4 exponentials on the FMA units
     (128, 128, 3, 240, 168, True, True, True, 1 << 31, 2),
     (128, 128, 3, 240, 168, True, False, True, 1 << 31, 4),
-    (128, 128, 3, 240, 168, True, False, True, 1 << 31, 2)]]
+    (128, 128, 3, 240, 168, True, False, True, 1 << 31, 2),
+    # 192 Q rows, a third consumer warpgroup (D=64: 16 warps leave 160 registers to each consumer)
+    (192, 128, 2, 160, 128, True, False, True),
+    (192, 128, 3, 160, 128, True, False, True),
+    (192, 128, 4, 160, 128, True, False, True),
+    (192, 128, 3, 160, 128, True, False, False)]]
 
 
 def _label(cfg):

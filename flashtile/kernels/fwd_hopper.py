@@ -1,14 +1,14 @@
 """FlashAttention forward for Hopper (sm90), warp-specialized, in Gluon.
 
-A work item is a 128-row Q tile of one head; a program takes a pair of them (a heavy and a light one under a
-causal mask), or (persistent) one program per SM walks pairs p, p + grid, ...; either way the next item's
-loads overlap this one's tail. A loader warp streams
-each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
-stage guarded by mbarriers (K ready, V ready, stage free). Two consumer warpgroups, 64 rows each, run the
-matrix products as asynchronous wgmma and the online softmax in registers (240 registers each, the loader
-keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j - 1, then runs the softmax of tile
-j; the two consumers take turns at the tensor cores (ping-pong), so that one's softmax runs under the
-other's products.
+A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a
+light one under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ...; either way the
+next item's loads overlap this one's tail. A loader warp streams each item's Q and the K and V tiles its rows
+may see through a ring of shared-memory stages with TMA, each stage guarded by mbarriers (K ready, V ready,
+stage free). Two consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix
+products as asynchronous wgmma and the online softmax in registers (240 registers each with two, 160 with three;
+the loader keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j - 1, then runs the softmax
+of tile j; the consumers take turns at the tensor cores (ping-pong, in a ring), so that one's softmax runs under
+the others' products.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -30,6 +30,7 @@ from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import cdiv, num_sms
 
 LN2 = gl.constexpr(0.6931471805599453)
+WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
 LOG2E = 1.4426950408889634
 
 
@@ -96,7 +97,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
             w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
             seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
         if start_m < sq:
-            for i in gl.static_range(2):
+            for i in gl.static_range(BLOCK_M // WG_M):
                 mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
                 mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0],
@@ -128,37 +129,38 @@ def _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL:
 
 
 @gluon.jit
-def _take_turn(turn, half: gl.constexpr, i, PINGPONG: gl.constexpr):
-    """Ping-pong: warpgroup ``half`` issues its i-th batch of products only after the other warpgroup issued
-    its own (fresh mbarriers count as having completed the phase before 0, so warpgroup 0 starts)."""
+def _take_turn(turn, wg: gl.constexpr, i, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup ``wg`` issues its i-th batch of products only after the warpgroup before it (in a
+    ring) issued its own (fresh mbarriers count as having completed the phase before 0, so warpgroup 0
+    starts)."""
     if PINGPONG:
-        mbarrier.wait(turn.index(half), (i & 1) ^ (1 - half))
+        mbarrier.wait(turn.index(wg), (i & 1) ^ (wg == 0))
 
 
 @gluon.jit
-def _pass_turn(turn, half: gl.constexpr, PINGPONG: gl.constexpr):
+def _pass_turn(turn, wg: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turn.index(1 - half))
+        mbarrier.arrive(turn.index((wg + 1) % NUM_WG))
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
               cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
               stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
               PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr):
-    """One warpgroup, half of each work item's rows: the online softmax over every K/V tile, then O and LSE.
+    """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
-    (ping-pong) the other warpgroup's products occupy the tensor cores, and with OVERLAP_PV while its own P·V
+    (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
     runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done."""
-    HALF_M: gl.constexpr = BLOCK_M // 2
+    NUM_WG: gl.constexpr = BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = register_operand_layout(o_layout)
     dtype: gl.constexpr = q_smem.dtype
-    q_half = q_smem.index(half)
-    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+    q_wg = q_smem.index(wg)
+    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
@@ -167,20 +169,20 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
             w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
             seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
         if start_m < sq:
-            offs_m = start_m + half * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
-            m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([HALF_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
+            offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([WG_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
 
-            mbarrier.wait(q_bar.index(half), done & 1)
+            mbarrier.wait(q_bar.index(wg), done & 1)
             mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
-            _take_turn(turn, half, turns, PINGPONG)
-            s = warpgroup_mma(q_half, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
+            _take_turn(turn, wg, turns, PINGPONG)
+            s = warpgroup_mma(q_wg, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
-            _pass_turn(turn, half, PINGPONG)
-            s = warpgroup_mma_wait(0, deps=(s, ))  # [HALF_M, BLOCK_N]
+            _pass_turn(turn, wg, NUM_WG, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
             if n_tiles == 1:
-                mbarrier.arrive(q_free.index(half))
+                mbarrier.arrive(q_free.index(wg))
             p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
                                                                        CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                      EXP2_FMA)
@@ -189,16 +191,16 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
                 prev = (g + j - 1) % STAGES
                 mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
-                _take_turn(turn, half, turns + j, PINGPONG)
-                s = warpgroup_mma(q_half, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                _take_turn(turn, wg, turns + j, PINGPONG)
+                s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                _pass_turn(turn, half, PINGPONG)
+                _pass_turn(turn, wg, NUM_WG, PINGPONG)
                 # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
                 if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
                     s = warpgroup_mma_wait(1, deps=(s, ))
                     if j == n_tiles - 1:
-                        mbarrier.arrive(q_free.index(half))
+                        mbarrier.arrive(q_free.index(wg))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
                                                              MAY_BE_EMPTY, EXP2_FMA)
@@ -207,7 +209,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
                 else:
                     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
                     if j == n_tiles - 1:
-                        mbarrier.arrive(q_free.index(half))
+                        mbarrier.arrive(q_free.index(wg))
                     mbarrier.arrive(kv_free.index(prev))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
@@ -215,9 +217,9 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             last = (g + n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((g + n_tiles - 1) // STAGES) & 1)
-            _take_turn(turn, half, turns + n_tiles, PINGPONG)
+            _take_turn(turn, wg, turns + n_tiles, PINGPONG)
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
-            _pass_turn(turn, half, PINGPONG)
+            _pass_turn(turn, wg, NUM_WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(kv_free.index(last))
             g += n_tiles
@@ -234,7 +236,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready
             gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
             inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
             out = (acc * inv_l[:, None]).to(dtype)
-            rows = start_m + half * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
+            rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
             ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
             gl.store(ptrs, out, mask=(rows < sq)[:, None])
@@ -252,41 +254,65 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
     (varlen) of its 2-D view, at column h·col_h."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    NUM_WG: gl.constexpr = BLOCK_M // WG_M
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_WG):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(q_free.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_free.index(i), count=2)
+        mbarrier.init(kv_free.index(i), count=NUM_WG)
 
     MAY_BE_EMPTY: gl.constexpr = CAUSAL or IS_VARLEN  # rows whose first tile has no key to see
-    gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
-                         cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                         OVERLAP_PV, EXP2_FMA)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE, cu_seqlens_q,
-                         cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-                         stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                         OVERLAP_PV, EXP2_FMA)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
-                           cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-                           seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                           BOTTOM_RIGHT, IS_VARLEN)),
-    ], [4, 1], [REGS, 24])
+    if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
+        gl.warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                      OVERLAP_PV, EXP2_FMA)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                      OVERLAP_PV, EXP2_FMA)),
+            (_consumer, (2, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                      OVERLAP_PV, EXP2_FMA)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
+                            kv_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
+                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN)),
+        ], [4, 4, 1], [REGS, REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                      OVERLAP_PV, EXP2_FMA)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                      OVERLAP_PV, EXP2_FMA)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
+                            kv_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
+                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN)),
+        ], [4, 1], [REGS, 24])
 
 
 def _layout(t, varlen):
@@ -384,7 +410,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     q2, k2, v2 = _view(q, q_layout), _view(k, k_layout), _view(v, _layout(v, varlen)[0])
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype))
-             for t, block in ((q2, config.block_m // 2), (k2, config.block_n), (v2, config.block_n))]
+             for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n))]
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
         o_strides = (0, out.stride(0), out.stride(1))
