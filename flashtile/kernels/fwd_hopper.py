@@ -174,6 +174,11 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             l_i = gl.zeros([WG_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
 
+            n_own = n_tiles
+            if CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or more earlier
+                first = start_m + wg * WG_M
+                n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
+                n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
             mbarrier.wait(q_bar.index(wg), done & 1)
             mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
             _take_turn(turn, wg, turns, PINGPONG)
@@ -181,12 +186,12 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                               is_async=True)
             _pass_turn(turn, wg, NUM_WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
-            if n_tiles == 1:
+            if n_own == 1:
                 mbarrier.arrive(q_free.index(wg))
             p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
                                                                        CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                      EXP2_FMA)
-            for j in range(1, n_tiles):
+            for j in range(1, n_own):
                 stage = (g + j) % STAGES
                 prev = (g + j - 1) % STAGES
                 mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
@@ -199,7 +204,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                 # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
                 if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
                     s = warpgroup_mma_wait(1, deps=(s, ))
-                    if j == n_tiles - 1:
+                    if j == n_own - 1:
                         mbarrier.arrive(q_free.index(wg))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
@@ -208,20 +213,25 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                     mbarrier.arrive(kv_free.index(prev))
                 else:
                     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-                    if j == n_tiles - 1:
+                    if j == n_own - 1:
                         mbarrier.arrive(q_free.index(wg))
                     mbarrier.arrive(kv_free.index(prev))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
                                                              MAY_BE_EMPTY, EXP2_FMA)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            last = (g + n_tiles - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((g + n_tiles - 1) // STAGES) & 1)
-            _take_turn(turn, wg, turns + n_tiles, PINGPONG)
+            last = (g + n_own - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
+            _take_turn(turn, wg, turns + n_own, PINGPONG)
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
             _pass_turn(turn, wg, NUM_WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(kv_free.index(last))
+            for j in range(n_own, n_tiles):  # tiles past its rows: keep the ring of turns, free the stage
+                mbarrier.wait(v_ready.index((g + j) % STAGES), ((g + j) // STAGES) & 1)  # this round's stage
+                _take_turn(turn, wg, turns + j + 1, PINGPONG)
+                _pass_turn(turn, wg, NUM_WG, PINGPONG)
+                mbarrier.arrive(kv_free.index((g + j) % STAGES))
             g += n_tiles
             turns += n_tiles + 1
             done += 1
