@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SM90_SHARED_LIMIT = 232448  # bytes a block may use on sm90
 
@@ -66,3 +68,24 @@ def test_hopper_dq_compiles_for_sm90():
     """kernels/bwd_dq_hopper.py: warp-specialized, wgmma asynchronous, no spills, within shared memory."""
     for row in _gluon_backward_rows("compile_hopper_dq"):
         assert row["wgmma"] == 40 and row["local"] == 0, row  # 2 consumers x (8 + 8 + 4) k-steps
+
+
+def test_hopper_forward_192_rows_compiles_for_sm90():
+    """The forward with three consumer warpgroups (192-row tiles), causal too (its warpgroups stop at their
+    own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers
+    get 160 registers, wgmma asynchronous, within shared memory; causal spills 32 bytes (ptxas -v)."""
+    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernel is written against triton 3.6")
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); from compile_sm90 import compile_hopper_fwd; "
+            "from flashtile.configs import HopperFwdConfig as C; "
+            "print(json.dumps([compile_hopper_fwd(64, c, C(192, 128, 3, 160, 128, persistent=True)) "
+            "for c in (False, True)]))")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for row in json.loads(result.stdout):
+        assert row["setmaxnreg"] > 0 and not row["serialized"], row
+        assert row["wgmma"] == 72 and row["shared"] <= SM90_SHARED_LIMIT, row  # 3 consumers x (4 + 4 + 8 + 8) k-steps
+        assert row["local"] <= (32 if row["causal"] else 0), row
