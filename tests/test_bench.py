@@ -30,3 +30,18 @@ def test_error_text_is_one_line_even_for_an_empty_message():
     from flashtile.bench.__main__ import error_text
     assert error_text(AssertionError()) == "AssertionError: "
     assert error_text(ValueError("first line\nsecond"), 5) == "ValueError: first"
+
+
+def test_tune_refuses_peers_for_the_backward_before_touching_a_gpu(capsys):
+    import pytest
+    from flashtile.bench.tune import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--backward", "--peers", "cuDNN"])
+    assert exit_info.value.code == 2 and "--peers" in capsys.readouterr().err
+
+
+def test_tune_labels_say_what_each_hopper_candidate_changes():
+    from flashtile.bench.tune import HOPPER_CANDIDATES, _label
+    labels = [_label(c) for c in HOPPER_CANDIDATES]
+    assert len(set(labels)) == len(labels)  # no two candidates print the same row name
+    assert "192,128 x3 regs 160 ping-pong persistent" in labels

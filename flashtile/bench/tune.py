@@ -1,5 +1,6 @@
-"""``python -m flashtile.bench.tune [--backward]``: sweep tile configs on the bench grid; the winners go
-into flashtile/configs.py by hand, the printed table into docs/results/."""
+"""``python -m flashtile.bench.tune [--backward | --hopper] [--peers cuDNN ...]``: sweep tile configs on the
+bench grid, forward peers timed in the same turns; the winners go into flashtile/configs.py by hand, the
+printed table into docs/results/."""
 import argparse
 import itertools
 
@@ -76,6 +77,8 @@ def main(argv=None):
                         help="forward peers timed in the same turns as the candidates (a row each)")
     parser.add_argument("--rounds", type=int, default=1, help="turns each candidate and peer takes; best kept")
     args = parser.parse_args(argv)
+    if args.backward and args.peers:
+        parser.error("--peers times forward peers; the backward sweep has none")
     candidates = BWD_CANDIDATES if args.backward else HOPPER_CANDIDATES if args.hopper else FWD_CANDIDATES
     if args.pick:
         candidates = [candidates[i] for i in args.pick]
@@ -87,7 +90,7 @@ def main(argv=None):
         flops = fwd_flops(b, h, n, n, d, causal) * (2.5 if args.backward else 1)
         timers = {cfg: _candidate_timer(cfg, args, q, k, v, dout, window, causal) for cfg in candidates}
         timers.update({peer: lambda peer=peer: time_peer(FORWARD[peer], causal, q, k, v, 10, 40)
-                       for peer in ([] if args.backward else args.peers)})
+                       for peer in args.peers})
         for key, (ms, error) in best_of_turns(timers, args.rounds).items():
             results[(d, causal, n, key)] = flops / ms / 1e9 if ms else None
             if error:
@@ -99,7 +102,7 @@ def main(argv=None):
     print("|---" * (len(args.seqlens) + 4) + "|")
     for d, causal in itertools.product(args.head_dims, [False, True]):
         scored = []
-        for key in candidates + ([] if args.backward else args.peers):
+        for key in candidates + args.peers:
             vals = [results[(d, causal, n, key)] for n in args.seqlens]
             mean = sum(vals) / len(vals) if all(vals) else 0.0
             scored.append((mean, key if isinstance(key, str) else _label(key), vals))
