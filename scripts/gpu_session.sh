@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep]
+#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep] [ncu-fwd] [clock-probe]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -27,6 +27,15 @@ for step in "$@"; do
                   2>&1 | grep -v '%|' | tee "$out/bench-hopper-bwd.log" ;;
     bwd-split) timeout 120 python3 scripts/bwd_split.py 2>&1 | tee "$out/bwd-split.md" ;;
     dq-sweep) timeout 120 python3 scripts/dq_sweep.py 2>&1 | tee "$out/dq-sweep.md" ;;
+    ncu-fwd) for shape in "8192 128" "16384 64"; do
+               read -r n d <<< "$shape"
+               timeout 240 ncu --clock-control none --profile-from-start off --set full --import-source yes \
+                 -o "$out/fwd-d$d-n$n" python3 scripts/ncu_fwd.py --seqlen "$n" --head-dim "$d" > /dev/null 2>&1
+               ncu --import "$out/fwd-d$d-n$n.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv"
+               python3 scripts/ncu_stalls.py "$out/sass.csv" 20 | tee "$out/ncu-fwd-d$d-n$n-stalls.txt"
+             done ;;
+    clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
+                   | grep '^|' | tee "$out/clock-probe.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac
