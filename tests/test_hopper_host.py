@@ -80,7 +80,7 @@ def test_launch_arguments():
     shorter = dataclasses.replace(persistent, persistent_max_seqlen=seqlen - 1)  # persistent up to shorter rows
     assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
     q_desc, k_desc, v_desc = args[:3]
-    assert q_desc.block_shape == [cfg.block_m // 2, head_dim]  # half the rows to each consumer warpgroup
+    assert q_desc.block_shape == [64, head_dim]  # 64 rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
     assert kwargs["CAUSAL"] and kwargs["BOTTOM_RIGHT"] and not kwargs["IS_VARLEN"]
     assert kwargs["STAGES"] == cfg.num_stages and kwargs["REGS"] == cfg.consumer_regs
@@ -207,3 +207,19 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
     named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
     assert named["Delta"] is delta and named["dK"] is grads[1] and named["dV"] is grads[2]
     assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages
+
+
+def test_launch_arguments_with_three_consumer_warpgroups():
+    """D=64's config: 192-row Q tiles, read 64 rows per consumer; 16 warps enter with at most 128 registers
+    (16 x 32 x 128 = the 64K-register file) and the consumers ask for 160."""
+    cfg = configs.FWD_HOPPER[(64, False)]
+    assert cfg.block_m == 192 and cfg.block_m // 64 == 3
+    assert 16 * 32 * cfg.maxnreg <= 65536 and 128 * (3 * cfg.consumer_regs + 24) <= 65536
+    batch, seqlen, nheads = 2, 1000, 4
+    q, k, v = (torch.randn(batch, seqlen, nheads, 64, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
+    grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
+    named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    assert named["n_m"] == 6 and named["n_pairs"] == 3 * batch * nheads  # 1000 rows: 6 tiles of 192
+    assert args[0].block_shape == [64, 64]
+    assert (kwargs["BLOCK_M"], kwargs["REGS"], kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
