@@ -115,6 +115,7 @@ def _candidate_timer(cfg, args, q, k, v, dout, window, causal):
     """() -> (median ms or None, error or None) of one tile config on these inputs."""
     d = q.shape[-1]
     scale = d ** -0.5
+    checked = [not args.hopper]  # the comparison with the portable kernel runs in the first turn only
 
     def timer():
         try:
@@ -123,11 +124,12 @@ def _candidate_timer(cfg, args, q, k, v, dout, window, causal):
                 deterministic = cfg.dq_atomic == "none"
                 return bench_ms(lambda: ops.attention_backward(dout, q, k, v, out, lse, scale, window, True,
                                                                deterministic, config=cfg), 10, 40), None
-            if args.hopper:  # a fast wrong kernel must not win: compare with the portable kernel first
+            if not checked[0]:  # a fast wrong kernel must not win: compare with the portable kernel first
                 out, _ = ops.attention_forward(q, k, v, scale, window, True, config=cfg)
                 ref, _ = ops.attention_forward(q, k, v, scale, window, True, config=FWD_SM90[(d, causal)])
                 if not (out.float() - ref.float()).abs().max().item() < 2e-2:
                     raise ValueError("output differs from the portable kernel")
+                checked[0] = True
             return bench_ms(lambda: ops.attention_forward(q, k, v, scale, window, True, config=cfg), 10, 40), None
         except Exception as err:  # a config that does not fit (shared memory, registers) is skipped
             return None, error_text(err, 100)
