@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep] [ncu-fwd] [clock-probe]
+#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep] [ncu-fwd] [ncu-decode] [clock-probe]
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -34,6 +34,13 @@ for step in "$@"; do
                ncu --import "$out/fwd-d$d-n$n.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv"
                python3 scripts/ncu_stalls.py "$out/sass.csv" 20 | tee "$out/ncu-fwd-d$d-n$n-stalls.txt"
              done ;;
+    ncu-decode) for shape in "32 4096" "32 32768" "8 131072"; do
+                  read -r b n <<< "$shape"
+                  timeout 120 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+                    --section LaunchStats --section MemoryWorkloadAnalysis --section Occupancy -o "$out/dec-b$b-n$n" \
+                    python3 scripts/ncu_decode.py --batch "$b" --seqlen "$n" > /dev/null 2>&1
+                  ncu --import "$out/dec-b$b-n$n.ncu-rep" --page details --csv > "$out/ncu-decode-b$b-n$n.csv"
+                done ;;
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
                    | grep '^|' | tee "$out/clock-probe.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \

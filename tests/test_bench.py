@@ -45,3 +45,25 @@ def test_tune_labels_say_what_each_hopper_candidate_changes():
     labels = [_label(c) for c in HOPPER_CANDIDATES]
     assert len(set(labels)) == len(labels)  # no two candidates print the same row name
     assert "192,128 x3 regs 160 ping-pong persistent" in labels
+
+
+def test_ncu_decode_summary_takes_each_kernels_first_value(tmp_path, capsys):
+    """scripts/ncu_decode.py --summarize: one row per kernel of ncu's details CSV, the first value of a metric
+    that ncu lists twice (Duration in two sections), '–' for one it lacks."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "ncu_decode.py"
+    spec = importlib.util.spec_from_file_location("ncu_decode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = tmp_path / "dec.csv"
+    report.write_text('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+                      '"0","flash_decode_split_kernel(...)","SOL","Duration","us","926.88"\n'
+                      '"0","flash_decode_split_kernel(...)","SOL","DRAM Throughput","%","96.37"\n'
+                      '"0","flash_decode_split_kernel(...)","Other","Duration","us","1.0"\n'
+                      '"1","cudnn_kernel","SOL","Duration","us","925.57"\n')
+    module.summarize([str(report)])
+    rows = [line for line in capsys.readouterr().out.splitlines() if "dec.csv" in line]
+    assert len(rows) == 2
+    assert "| flash_decode_split_kernel | 926.88 us | 96.37 % | –" in rows[0]
+    assert "| cudnn_kernel | 925.57 us | – |" in rows[1]
