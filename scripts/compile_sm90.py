@@ -161,7 +161,8 @@ def _compile_gluon(kernel, args, kwargs):
     return dict(kernel=kernel.__name__, varlen=False, dq=None, shared=compiled.metadata.shared,
                 wgmma=ptx.count("wgmma.mma_async"),
                 tma_loads=ptx.count("cp.async.bulk.tensor"), local=int(spills.group(1)) if spills else -1,
-                tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report)
+                tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report,
+                global_stores={width: ptx.count(f"st.global{width}") for width in ("", ".v2", ".v4")})
 
 
 def _ptxas():

@@ -73,7 +73,8 @@ def test_hopper_dq_compiles_for_sm90():
 def test_hopper_forward_192_rows_compiles_for_sm90():
     """The forward with three consumer warpgroups (192-row tiles), causal too (its warpgroups stop at their
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers
-    get 160 registers, wgmma asynchronous, within shared memory; causal spills 32 bytes (ptxas -v)."""
+    get 160 registers, wgmma asynchronous, within shared memory (with the scratch of O's conversion to 16-byte
+    row runs); causal spills 68 bytes (ptxas -v), a path the shipped configs leave to the portable kernel."""
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
@@ -88,4 +89,5 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
     for row in json.loads(result.stdout):
         assert row["setmaxnreg"] > 0 and not row["serialized"], row
         assert row["wgmma"] == 72 and row["shared"] <= SM90_SHARED_LIMIT, row  # 3 consumers x (4 + 4 + 8 + 8) k-steps
-        assert row["local"] <= (32 if row["causal"] else 0), row
+        assert row["local"] <= (68 if row["causal"] else 0), row
+        assert row["global_stores"][".v4"] == 12, row  # O in 16-byte runs: 3 consumers x 4 runs of a 64-wide row

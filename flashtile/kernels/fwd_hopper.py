@@ -41,6 +41,18 @@ def wgmma_layout(n):
 
 
 @triton.constexpr_function
+def row_run_layout(n):
+    """A warpgroup's [64, n] tile with each thread holding runs of 8 columns of a row (16-byte stores, whole
+    32-byte sectors per quad of lanes): the wgmma result layout with two lane bits and two register bits swapped
+    (columns 2, 4 against 8, 16). Values move only within quads, but triton 3.6 converts through shared
+    memory (3.8-5.9 KB of scratch: D=128's ring leaves 2.6 KB, so only D=64 stores this way)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < n],
+        lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
+        shape=[64, n])
+
+
+@triton.constexpr_function
 def register_operand_layout(result_layout):
     """A 16-bit A operand held in registers, for a wgmma whose result has ``result_layout``."""
     return gl.DotOperandLayout(operand_index=0, parent=result_layout, k_width=2)
@@ -158,6 +170,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = register_operand_layout(o_layout)
+    store_layout: gl.constexpr = row_run_layout(HEAD_DIM)
     dtype: gl.constexpr = q_smem.dtype
     q_wg = q_smem.index(wg)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -246,8 +259,10 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
             inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
             out = (acc * inv_l[:, None]).to(dtype)
-            rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, o_layout))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
+                out = gl.convert_layout(out, store_layout)
+            rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
             ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
             gl.store(ptrs, out, mask=(rows < sq)[:, None])
 
