@@ -162,7 +162,8 @@ def _compile_gluon(kernel, args, kwargs):
                 wgmma=ptx.count("wgmma.mma_async"),
                 tma_loads=ptx.count("cp.async.bulk.tensor"), local=int(spills.group(1)) if spills else -1,
                 tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report,
-                global_stores={width: ptx.count(f"st.global{width}") for width in ("", ".v2", ".v4")})
+                global_stores={"all": ptx.count("st.global"), "v2": ptx.count("st.global.v2"),
+                               "v4": ptx.count("st.global.v4")})
 
 
 def _ptxas():

@@ -18,7 +18,8 @@ def summarize(paths):
     print("| report | kernel | " + " | ".join(METRICS) + " |")
     print("|---" * (len(METRICS) + 2) + "|")
     for path in paths:
-        rows = list(csv.DictReader(open(path)))
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
         kernels = {}
         for row in rows:
             kernels.setdefault(row["Kernel Name"], {}).setdefault(row["Metric Name"],

@@ -90,4 +90,4 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
         assert row["setmaxnreg"] > 0 and not row["serialized"], row
         assert row["wgmma"] == 72 and row["shared"] <= SM90_SHARED_LIMIT, row  # 3 consumers x (4 + 4 + 8 + 8) k-steps
         assert row["local"] <= (68 if row["causal"] else 0), row
-        assert row["global_stores"][".v4"] == 12, row  # O in 16-byte runs: 3 consumers x 4 runs of a 64-wide row
+        assert row["global_stores"]["v4"] == 12, row  # O in 16-byte runs: 3 consumers x 4 runs of a 64-wide row
