@@ -5,7 +5,8 @@ per variant of the source tree, in one device call; docs/perf.md, forward v14):
 
 One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns, B·N = 16k tokens, 2048 / D heads.
 --hopper-everywhere runs the Hopper kernel at every length: the shipped config without its min_seqlen_q, and for
-a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid.
+a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid. --set FIELD=VALUE
+(integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2`.
 """
 import argparse
 import dataclasses
@@ -26,13 +27,17 @@ def main():
     parser.add_argument("--peers", nargs="+", default=["flashtile", "cuDNN"], choices=list(FORWARD))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hopper-everywhere", action="store_true")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()
     d = args.head_dim
-    if args.hopper_everywhere:
-        for causal in (False, True):
-            cfg = configs.FWD_HOPPER.get((d, causal))
-            configs.FWD_HOPPER[(d, causal)] = (dataclasses.replace(cfg, min_seqlen_q=0) if cfg else
-                                               configs.HopperFwdConfig(128, 128, 3, persistent=True))
+    fields = {name: int(value) for name, value in (item.split("=") for item in args.set)}
+    for causal in (False, True):
+        cfg = configs.FWD_HOPPER.get((d, causal))
+        if args.hopper_everywhere:
+            cfg = (dataclasses.replace(cfg, min_seqlen_q=0) if cfg else
+                   configs.HopperFwdConfig(128, 128, 3, persistent=True))
+        if cfg is not None:
+            configs.FWD_HOPPER[(d, causal)] = dataclasses.replace(cfg, **fields)
     for mask in args.masks:
         causal = mask == "causal"
         for n in args.seqlens:
