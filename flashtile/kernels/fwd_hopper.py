@@ -45,7 +45,7 @@ def row_run_layout(n):
     """A warpgroup's [64, n] tile with each thread holding runs of 8 columns of a row (16-byte stores, whole
     32-byte sectors per quad of lanes): the wgmma result layout with two lane bits and two register bits swapped
     (columns 2, 4 against 8, 16). Values move only within quads, but triton 3.6 converts through shared
-    memory (3.8-5.9 KB of scratch: D=128's ring leaves 2.6 KB, so only D=64 stores this way)."""
+    memory, ~2 KB of scratch per consumer warpgroup: D=128's ring leaves 2.6 KB for two, so only D=64 uses it."""
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < n],
         lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
