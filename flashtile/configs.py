@@ -56,6 +56,7 @@ class HopperFwdConfig:
     persistent_max_seqlen: int = 1 << 31  # ... when the longest query sequence is at most this long
     exp2_fma: int = 0  # one in this many exponentials of P by polynomial on the FMA units (0: none)
     min_seqlen_q: int = 0  # below this many query rows (the longest sequence) the portable kernel runs instead
+    o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
 
 
 # sm90, bf16/fp16, keyed (head dim, causal). `python -m flashtile.bench.tune --hopper` on 2026-11-29

@@ -159,3 +159,29 @@ def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
     q, k, v = (randn(2, 3000, 16, 64, dtype=torch.bfloat16) for _ in range(3))
     first = flashtile.flash_attn_func(q, k, v, causal=causal)
     assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
+    """configs.HopperFwdConfig.o_kstage (D=128: O turned into 16-byte row runs through each consumer's rows of the
+    item's last K tile, which the loader then refills) on ragged, GQA/MQA, fp16 and packed shapes, persistent and
+    not, so that a refilled stage that O still held would show; bitwise repeatable."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    for persistent in (True, False):
+        cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], o_kstage=True, persistent=persistent)
+        monkeypatch.setattr(configs, "FWD_HOPPER", {(128, causal): cfg})
+        for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
+            check(3, seqlen_q, seqlen_k, 8, 2, 128, torch.bfloat16, causal)
+        check(1, 4096, 4096, 4, 1, 128, torch.float16, causal)
+        seqlens_q, seqlens_k = [300, 0, 2048, 77, 193], [129, 40, 2048, 0, 500]
+        q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16)
+        assert ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is cfg
+        with poisoned_outputs():
+            out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                           causal=causal, return_attn_probs=True)
+        ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
+        assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+    q, k, v = (randn(2, 3000, 16, 128, dtype=torch.bfloat16) for _ in range(3))
+    first = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))

@@ -21,7 +21,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                 warpgroup_mma_wait)
 
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -156,12 +157,12 @@ def _pass_turn(turn, wg: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
-              cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
+def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O,
+              LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
               stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
-              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr):
+              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -201,6 +202,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
             if n_own == 1:
                 mbarrier.arrive(q_free.index(wg))
+                if STAGE_K:
+                    mbarrier.arrive(k_done.index(0))
             p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
                                                                        CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                      EXP2_FMA)
@@ -219,6 +222,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                     s = warpgroup_mma_wait(1, deps=(s, ))
                     if j == n_own - 1:
                         mbarrier.arrive(q_free.index(wg))
+                        if STAGE_K:
+                            mbarrier.arrive(k_done.index(0))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
                                                              MAY_BE_EMPTY, EXP2_FMA)
@@ -228,6 +233,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
                     if j == n_own - 1:
                         mbarrier.arrive(q_free.index(wg))
+                        if STAGE_K:
+                            mbarrier.arrive(k_done.index(0))
                     mbarrier.arrive(kv_free.index(prev))
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
                                                                                BLOCK_N, CAUSAL, s_layout), qk_scale,
@@ -239,7 +246,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
             _pass_turn(turn, wg, NUM_WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(kv_free.index(last))
+            if not STAGE_K:
+                mbarrier.arrive(kv_free.index(last))
             for j in range(n_own, n_tiles):  # tiles past its rows: keep the ring of turns, free the stage
                 mbarrier.wait(v_ready.index((g + j) % STAGES), ((g + j) // STAGES) & 1)  # this round's stage
                 _take_turn(turn, wg, turns + j + 1, PINGPONG)
@@ -247,6 +255,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                 mbarrier.arrive(kv_free.index((g + j) % STAGES))
             g += n_tiles
             turns += n_tiles + 1
+            k_done_phase = done & 1
             done += 1
 
             o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -261,10 +270,18 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             out = (acc * inv_l[:, None]).to(dtype)
             if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
                 out = gl.convert_layout(out, store_layout)
+            elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
+                mbarrier.wait(k_done.index(0), k_done_phase)  # every consumer's last Q·Kᵀ has read that tile
+                o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
+                o_tile.store(out)
+                out = o_tile.load(store_layout)
+                fence_async_shared()  # these writes land before the loader's next TMA load into the tile
             rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
             ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
             gl.store(ptrs, out, mask=(rows < sq)[:, None])
+            if STAGE_K:
+                mbarrier.arrive(kv_free.index(last))
 
 
 @gluon.jit
@@ -274,7 +291,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            REGS: gl.constexpr):
+                            STAGE_K: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -289,6 +306,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(k_done.index(0), count=NUM_WG)
     for i in gl.static_range(NUM_WG):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(q_free.index(i), count=1)
@@ -303,21 +322,21 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     # are spelled out.
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
                       cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
                       cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA)),
-            (_consumer, (2, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
+            (_consumer, (2, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
                       cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA)),
+                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             kv_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -325,16 +344,16 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
                       cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, turn, O, LSE,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
                       cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA)),
+                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             kv_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -455,6 +474,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
             softmax_scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                  OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma, REGS=config.consumer_regs, num_warps=4,
-                  maxnreg=config.maxnreg)
+                  OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
+                  STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value),
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
