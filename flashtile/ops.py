@@ -19,6 +19,7 @@ from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
 
+
 def _unit_last_stride(t):
     """``t`` (or None) with its last dimension contiguous, as the pointer-indexed kernels read it."""
     return t if t is None or t.stride(-1) == 1 else t.contiguous()

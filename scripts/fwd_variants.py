@@ -18,6 +18,22 @@ from flashtile import configs
 from flashtile.bench.peers import FORWARD
 
 
+def variant_configs(table, head_dim, everywhere, settings):
+    """{(head_dim, causal): config} to put into configs.FWD_HOPPER: ``table``'s entries with ``settings``
+    ("field=int" strings) applied, and with ``everywhere`` no min_seqlen_q (a causal head dim without an entry
+    gets two consumer warpgroups of 128-row tiles, persistent)."""
+    fields = {name: int(value) for name, value in (item.split("=") for item in settings)}
+    out = {}
+    for causal in (False, True):
+        cfg = table.get((head_dim, causal))
+        if everywhere:
+            cfg = (dataclasses.replace(cfg, min_seqlen_q=0) if cfg else
+                   configs.HopperFwdConfig(128, 128, 3, persistent=True))
+        if cfg is not None:
+            out[(head_dim, causal)] = dataclasses.replace(cfg, **fields)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("label")
@@ -30,14 +46,7 @@ def main():
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()
     d = args.head_dim
-    fields = {name: int(value) for name, value in (item.split("=") for item in args.set)}
-    for causal in (False, True):
-        cfg = configs.FWD_HOPPER.get((d, causal))
-        if args.hopper_everywhere:
-            cfg = (dataclasses.replace(cfg, min_seqlen_q=0) if cfg else
-                   configs.HopperFwdConfig(128, 128, 3, persistent=True))
-        if cfg is not None:
-            configs.FWD_HOPPER[(d, causal)] = dataclasses.replace(cfg, **fields)
+    configs.FWD_HOPPER.update(variant_configs(configs.FWD_HOPPER, d, args.hopper_everywhere, args.set))
     for mask in args.masks:
         causal = mask == "causal"
         for n in args.seqlens:

@@ -67,3 +67,24 @@ def test_ncu_decode_summary_takes_each_kernels_first_value(tmp_path, capsys):
     assert len(rows) == 2
     assert "| flash_decode_split_kernel | 926.88 us | 96.37 % | –" in rows[0]
     assert "| cudnn_kernel | 925.57 us | – |" in rows[1]
+
+
+def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
+    """scripts/fwd_variants.py: --set changes the shipped configs of that head dim, --hopper-everywhere drops
+    min_seqlen_q and gives a causal head dim without a config a two-warpgroup one; other head dims untouched."""
+    import importlib.util
+    import pathlib
+    from flashtile import configs
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "fwd_variants.py"
+    spec = importlib.util.spec_from_file_location("fwd_variants", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = dict(configs.FWD_HOPPER)
+    shipped = table[(64, False)]
+    assert shipped.min_seqlen_q > 0 and (64, True) not in table
+    got = module.variant_configs(table, 64, True, ["num_stages=2"])
+    assert set(got) == {(64, False), (64, True)}
+    assert got[(64, False)].min_seqlen_q == 0 and got[(64, False)].num_stages == 2
+    assert got[(64, False)].block_m == shipped.block_m and got[(64, True)].block_m == 128
+    assert module.variant_configs(table, 128, False, []) == {k: v for k, v in table.items() if k[0] == 128}
+    assert table == configs.FWD_HOPPER  # the table itself is left alone

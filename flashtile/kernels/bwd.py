@@ -14,11 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import alibi_slope, modified_scores, score_scales
+from .online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     reduce_tile, sequence_bounds, sequence_desc, store_tile)
-
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

@@ -20,9 +20,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .fwd_hopper import _descriptor, _layout, _smem_layout, _view, register_operand_layout, wgmma_layout
+from .online_softmax import LOG2E
 from .tiles import cdiv
-
-LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit

@@ -16,12 +16,9 @@ lives in page block_table[b, j // page_size] at offset j % page_size.
 import triton
 import triton.language as tl
 
-from .online_softmax import alibi_slope, modified_scores, online_softmax_step, score_scales
+from .online_softmax import LN2, LOG2E, alibi_slope, modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
-
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

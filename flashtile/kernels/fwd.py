@@ -10,13 +10,10 @@ range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) whole, 
 import triton
 import triton.language as tl
 
-from .online_softmax import alibi_slope, modified_scores, online_softmax_step, score_scales
+from .online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
                     q_tile_program, sequence_desc, store_tile)
-
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-LOG2E = 1.4426950408889634
 
 
 @triton.jit

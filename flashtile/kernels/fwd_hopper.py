@@ -26,13 +26,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .online_softmax import online_softmax_step
+from .online_softmax import LN2, LOG2E, online_softmax_step
 from .replay import Replay, Replays, aligned, detach_descriptor
 from .tiles import cdiv, num_sms
 
-LN2 = gl.constexpr(0.6931471805599453)
 WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
-LOG2E = 1.4426950408889634
 
 
 @triton.constexpr_function
@@ -471,7 +469,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     grid = (min(n_pairs, num_sms(q.device)) if persistent else n_pairs, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_pairs,
-            softmax_scale * LOG2E)
+            softmax_scale * LOG2E.value)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,

@@ -5,8 +5,9 @@ import struct
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-TWO_LOG2E = tl.constexpr(2 * LOG2E)
+LOG2E = tl.constexpr(1.4426950408889634)  # natural-log units to log2 units; every kernel takes it from here
+LN2 = tl.constexpr(0.6931471805599453)  # and back
+TWO_LOG2E = tl.constexpr(2 * LOG2E.value)
 
 # 2^f on [0, 1) as 1 + f·(C1 + f·(C2 + f·C3)): relative error under 8.6e-5 (bf16 and fp16 round P coarser),
 # and exactly 1 at f = 0, so exp2(-inf) comes out exactly 0 (see exp2_fma_ptx).
@@ -102,4 +103,4 @@ def score_scales(softmax_scale, softcap):
     qk_scale · score, with softcap the tanh's argument is q·k · softcap_scale, and ALiBi slopes are divided by the
     logit unit (the cap, else the softmax scale)."""
     unit = softcap if softcap else softmax_scale
-    return unit * LOG2E, (softmax_scale / softcap if softcap else 0.0), 1.0 / unit
+    return unit * LOG2E.value, (softmax_scale / softcap if softcap else 0.0), 1.0 / unit
