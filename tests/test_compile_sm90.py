@@ -32,13 +32,15 @@ def test_forward_compiles_for_sm90():
         if row["kernel"] != "flash_decode_split_kernel":  # decode: 16-row dots and gathered pages
             assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
         assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
-        # The Hopper kernel's overlap_pv consumer keeps a second score tile live and spills 20 bytes (ptxas -v);
-        # it was measured faster anyway (docs/results/tune-hopper-v3.md). Anything more is a regression.
-        spill_limit = 32 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
+        # The Hopper kernel spills up to 36 bytes (ptxas -v; overlap_pv's second score tile 20, o_kstage 32-36 in
+        # all); both measured faster anyway (tune-hopper-v3.md, fwd-o-store-d128.md). More is a regression.
+        spill_limit = 36 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
         assert row["local"] <= spill_limit, f"spills to local memory: {row}"
         assert row["shared"] <= SM90_SHARED_LIMIT, row
         if row["kernel"] == "flash_fwd_hopper_kernel":  # warp-specialized, asynchronous wgmma kept asynchronous
             assert row["setmaxnreg"] > 0 and not row["serialized"], row
+            if row["head_dim"] == 128:  # O through the last K tile: 2 consumers x 8 runs of 16 bytes per row
+                assert row["global_stores"]["v4"] == 16, row
 
 
 def _gluon_backward_rows(function):
