@@ -75,11 +75,14 @@ class HopperFwdConfig:
 # (cuDNN 437/475/496); causal 163/368/447 against the portable 327/416/425. At 2k/8k (tune-hopper-v9-3wg-b.md)
 # 447/516 against the portable 457/453 (cuDNN 467/492): three warpgroups from 4k query rows, causal portable.
 # Run 20 (fwd-o-store-d128.md, N = 1k/2k/4k/16k): D=128 with O through the last K tile (o_kstage) 581/597/604/613
-# non-causal, 409/516/539/585 causal, against 541/585/593/612 and 394/484/527/579 without, in one call.
+# non-causal, 409/516/539/585 causal, against 541/585/593/612 and 394/484/527/579 without, in one call. With
+# it, causal with the overlap (36 bytes of spills, 104 before) 416/515/563/601 against 409/506/539/582 without,
+# taking turns in one process (fwd-configs-d128-kstage.md; non-causal without the overlap 570/597/596/611).
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=4096),
     (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, o_kstage=True),
-    (128, True): HopperFwdConfig(128, 128, 3, persistent=True, persistent_max_seqlen=4096, o_kstage=True),
+    (128, True): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
+                                 o_kstage=True),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }

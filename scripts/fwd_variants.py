@@ -6,7 +6,11 @@ per variant of the source tree, in one device call; docs/perf.md, forward v14):
 One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns, B·N = 16k tokens, 2048 / D heads.
 --hopper-everywhere runs the Hopper kernel at every length: the shipped config without its min_seqlen_q, and for
 a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid. --set FIELD=VALUE
-(integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2`.
+(integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2`. Config variants of one
+source tree take turns with the peers in one process, one column each (docs/perf.md, forward v16):
+
+    PYTHONPATH=. python scripts/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
+        --variant overlap overlap_pv=1 --variant "non-persistent" persistent=0
 """
 import argparse
 import dataclasses
@@ -34,6 +38,12 @@ def variant_configs(table, head_dim, everywhere, settings):
     return out
 
 
+def variant_tables(table, head_dim, everywhere, settings, variants):
+    """{name: configs to put into configs.FWD_HOPPER} for ``variants`` ([name, "field=int", ...] lists), each
+    with its own fields changed on top of ``settings``."""
+    return {name: variant_configs(table, head_dim, everywhere, settings + fields) for name, *fields in variants}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("label")
@@ -44,24 +54,32 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hopper-everywhere", action="store_true")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME", "FIELD=VALUE"),
+                        help="a flashtile column with these fields changed on top of --set (repeatable)")
     args = parser.parse_args()
     d = args.head_dim
-    configs.FWD_HOPPER.update(variant_configs(configs.FWD_HOPPER, d, args.hopper_everywhere, args.set))
+    base = dict(configs.FWD_HOPPER)
+    tables = variant_tables(base, d, args.hopper_everywhere, args.set, args.variant)
+    configs.FWD_HOPPER.update(variant_configs(base, d, args.hopper_everywhere, args.set))
+    columns = list(tables) + args.peers
     for mask in args.masks:
         causal = mask == "causal"
         for n in args.seqlens:
             q, k, v = (torch.randn(16384 // n, n, 2048 // d, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4 * q.shape[0] * q.shape[2] * n * n * d / (2 if causal else 1)
             best = {}
-            for _ in range(args.rounds):  # peers take turns; each keeps its best median
-                for name in args.peers:
-                    prepare, run = FORWARD[name](causal)
+            for _ in range(args.rounds):  # variants and peers take turns; each keeps its best median
+                for name in columns:
+                    prepare, run = FORWARD["flashtile" if name in tables else name](causal)
                     inputs = prepare(q, k, v)
+                    saved = dict(configs.FWD_HOPPER)
+                    configs.FWD_HOPPER.update(tables.get(name, {}))
                     ms = triton.testing.do_bench(lambda: run(*inputs), warmup=25, rep=100)
+                    configs.FWD_HOPPER.update(saved)
                     best[name] = max(best.get(name, 0.0), flops / ms / 1e9)
-            print(f"| {args.label} | {mask} | {n} | " + " | ".join(f"{best[p]:.0f}" for p in args.peers) + " |",
+            print(f"| {args.label} | {mask} | {n} | " + " | ".join(f"{best[c]:.0f}" for c in columns) + " |",
                   flush=True)
-
+        print(f"(columns: {', '.join(columns)})", flush=True)
 
 if __name__ == "__main__":
     main()

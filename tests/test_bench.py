@@ -87,4 +87,9 @@ def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     assert got[(64, False)].min_seqlen_q == 0 and got[(64, False)].num_stages == 2
     assert got[(64, False)].block_m == shipped.block_m and got[(64, True)].block_m == 128
     assert module.variant_configs(table, 128, False, []) == {k: v for k, v in table.items() if k[0] == 128}
+    tables = module.variant_tables(table, 128, False, ["num_stages=2"], [["shipped"], ["flat", "persistent=0"]])
+    assert list(tables) == ["shipped", "flat"]
+    assert {c.num_stages for t in tables.values() for c in t.values()} == {2}  # --variant on top of --set
+    assert [c.persistent for c in tables["flat"].values()] == [False, False]
+    assert tables["shipped"][(128, False)].persistent == table[(128, False)].persistent
     assert table == configs.FWD_HOPPER  # the table itself is left alone
