@@ -51,6 +51,30 @@ def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, 
     assert_attention_close(out, ref, torch_attention(q, k, v, causal, window_size), lse, ref_lse)
 
 
+def check_varlen(seqlens_q, seqlens_k, head_dim, causal):
+    """Packed sequences against the reference; returns the Hopper config the call took (None: the portable kernel)."""
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, head_dim, torch.bfloat16)
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                       causal=causal, return_attn_probs=True)
+    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
+    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+    return ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1))
+
+
+def check_hopper_config(cfg, head_dim, causal, monkeypatch):
+    """``cfg`` forced onto ragged lengths, causal with Nq != Nk, GQA and MQA, fp16, packed sequences with empty
+    ones; then bitwise repeatable."""
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): cfg})
+    for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
+        check(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, causal)
+    check(1, 4096, 4096, 4, 1, head_dim, torch.float16, causal)
+    assert check_varlen([300, 0, 2048, 77, 193], [129, 40, 2048, 0, 500], head_dim, causal) is cfg
+    q, k, v = (randn(2, 3000, 16, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    first = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))
+
+
 def _large_cases():
     for head_dim in (64, 128, 256):
         for seqlen in (1024, 4096, 16384):
@@ -81,13 +105,7 @@ def test_window(window_size):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen(causal):
-    seqlens_q, seqlens_k = [1, 0, 2048, 300, 4000, 77], [1, 129, 2048, 5000, 4000, 0]
-    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16)
-    with poisoned_outputs():
-        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
-                                                       causal=causal, return_attn_probs=True)
-    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
-    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+    check_varlen([1, 0, 2048, 300, 4000, 77], [1, 129, 2048, 5000, 4000, 0], 128, causal)
 
 
 def test_sdpa_entry_point():
@@ -126,14 +144,7 @@ def test_exp2_on_fma_units(every, head_dim, causal, forward_backend, monkeypatch
     monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): dataclasses.replace(base, exp2_fma=every)})
     check(2, 1500, 700, 8, 2, head_dim, torch.bfloat16, causal)
     check(1, 4096, 4096, 4, 4, head_dim, torch.float16, causal)
-    seqlens_q, seqlens_k = [300, 0, 2048, 77], [129, 40, 2048, 0]
-    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, head_dim, torch.bfloat16)
-    assert ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
-    with poisoned_outputs():
-        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
-                                                       causal=causal, return_attn_probs=True)
-    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
-    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
+    assert check_varlen([300, 0, 2048, 77], [129, 40, 2048, 0], head_dim, causal) is not None
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -144,21 +155,7 @@ def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
         pytest.skip("the Hopper kernel's tile config")
     three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True)
     assert three.block_m // 64 == 3
-    monkeypatch.setattr(configs, "FWD_HOPPER", {(64, causal): three})
-    for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
-        check(2, seqlen_q, seqlen_k, 8, 2, 64, torch.bfloat16, causal)
-    check(1, 4096, 4096, 4, 1, 64, torch.float16, causal)
-    seqlens_q, seqlens_k = [300, 0, 2048, 77, 193], [129, 40, 2048, 0, 500]
-    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 64, torch.bfloat16)
-    assert ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is three
-    with poisoned_outputs():
-        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
-                                                       causal=causal, return_attn_probs=True)
-    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
-    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
-    q, k, v = (randn(2, 3000, 16, 64, dtype=torch.bfloat16) for _ in range(3))
-    first = flashtile.flash_attn_func(q, k, v, causal=causal)
-    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))
+    check_hopper_config(three, 64, causal, monkeypatch)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -170,18 +167,4 @@ def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
         pytest.skip("the Hopper kernel's option")
     for persistent in (True, False):
         cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], o_kstage=True, persistent=persistent)
-        monkeypatch.setattr(configs, "FWD_HOPPER", {(128, causal): cfg})
-        for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
-            check(3, seqlen_q, seqlen_k, 8, 2, 128, torch.bfloat16, causal)
-        check(1, 4096, 4096, 4, 1, 128, torch.float16, causal)
-        seqlens_q, seqlens_k = [300, 0, 2048, 77, 193], [129, 40, 2048, 0, 500]
-        q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16)
-        assert ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is cfg
-        with poisoned_outputs():
-            out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
-                                                           causal=causal, return_attn_probs=True)
-        ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
-        assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
-    q, k, v = (randn(2, 3000, 16, 128, dtype=torch.bfloat16) for _ in range(3))
-    first = flashtile.flash_attn_func(q, k, v, causal=causal)
-    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))
+        check_hopper_config(cfg, 128, causal, monkeypatch)
