@@ -318,8 +318,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
         mbarrier.init(kv_free.index(i), count=NUM_WG)
 
     MAY_BE_EMPTY: gl.constexpr = CAUSAL or IS_VARLEN  # rows whose first tile has no key to see
-    # warp_specialize takes a literal list, and constexprs packed in a tuple stop being constexprs: both lists
-    # are spelled out.
+    # warp_specialize takes a literal list, constexprs packed in a tuple stop being constexprs, and a batch-mode
+    # cu_seqlens (None) cannot sit in one: both lists are spelled out.
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
