@@ -55,8 +55,16 @@ class HopperFwdConfig:
     persistent: bool = False  # one program per SM looping over pairs of Q tiles (else one per pair)
     persistent_max_seqlen: int = 1 << 31  # ... when the longest query sequence is at most this long
     exp2_fma: int = 0  # one in this many exponentials of P by polynomial on the FMA units (0: none)
-    min_seqlen_q: int = 0  # below this many query rows (the longest sequence) the portable kernel runs instead
+    min_seqlen_q: int = 0  # below this many query rows (the longest sequence) ``below`` runs instead
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
+    below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
+
+
+def hopper_fwd_chain(config):
+    """``config`` and the configs it falls back to for fewer query rows (``below``), longest rows first."""
+    while config is not None:
+        yield config
+        config = config.below
 
 
 # sm90, bf16/fp16, keyed (head dim, causal). `python -m flashtile.bench.tune --hopper` on 2026-11-29
@@ -78,8 +86,14 @@ class HopperFwdConfig:
 # non-causal, 409/516/539/585 causal, against 541/585/593/612 and 394/484/527/579 without, in one call. With
 # it, causal with the overlap (36 bytes of spills, 104 before) 416/515/563/601 against 409/506/539/582 without,
 # taking turns in one process (fwd-configs-d128-kstage.md; non-causal without the overlap 570/597/596/611).
+# Run 21 (fwd-d64-causal-mask.md, one process each tree, N = 1k/2k/4k/8k/16k): with one compare per masked
+# score, D=64 causal in 192-row tiles with the overlap 216/333/411/454/473 and in two warpgroups 312/375/398/415/427
+# against the portable 315/361/388/406/411 (cuDNN 337/387/417/440/457): three from 4k rows, two from 2k. Non-causal
+# three warpgroups at 1k/2k 423/442 against the portable 412/422 (fwd-d64-overlap.md): from 1k rows.
 FWD_HOPPER = {
-    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=4096),
+    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=1024),
+    (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, min_seqlen_q=4096,
+                                below=HopperFwdConfig(128, 128, 3, persistent=True, min_seqlen_q=2048)),
     (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, o_kstage=True),
     (128, True): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
                                  o_kstage=True),

@@ -101,8 +101,11 @@ def _hopper_config(q, k, v, window_size, seqlen_q=None):
     sequence, q.shape[1] by default), else None."""
     if configs.FWD_BACKEND == "portable" or _arch(q.device) != (9, 0) or interpreter_enabled():
         return None
+    rows = q.shape[1] if seqlen_q is None else seqlen_q
     config = configs.FWD_HOPPER.get((q.shape[-1], _is_causal(window_size)))
-    if config is None or (q.shape[1] if seqlen_q is None else seqlen_q) < config.min_seqlen_q:
+    while config is not None and rows < config.min_seqlen_q:
+        config = config.below
+    if config is None:
         return None
     from .kernels.fwd_hopper import supports
     return config if supports(q, k, v, window_size) else None

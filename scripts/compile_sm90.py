@@ -95,8 +95,8 @@ def main():
             kernel = compile_kernel(flash_decode_split_kernel, {} if paged else tensors, consts, cfg, False)
             rows.append(kernel)
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
-    for (head_dim, causal), cfg in configs.FWD_HOPPER.items() if GLUON_VERSION_OK else ():
-        rows.append(compile_hopper_fwd(head_dim, causal, cfg))
+    for (head_dim, causal), top in configs.FWD_HOPPER.items() if GLUON_VERSION_OK else ():
+        rows.extend(compile_hopper_fwd(head_dim, causal, cfg) for cfg in configs.hopper_fwd_chain(top))
     json.dump(rows, sys.stdout, indent=None)
 
 
@@ -111,7 +111,7 @@ def compile_hopper_fwd(head_dim, causal, cfg):
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
                                                 cfg)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
-                config=list(cfg.__dict__.values()), causal=causal)
+                config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal)
 
 
 def compile_hopper_bwd(causal):

@@ -71,7 +71,8 @@ def test_ncu_decode_summary_takes_each_kernels_first_value(tmp_path, capsys):
 
 def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     """scripts/fwd_variants.py: --set changes the shipped configs of that head dim, --hopper-everywhere drops
-    min_seqlen_q and gives a causal head dim without a config a two-warpgroup one; other head dims untouched."""
+    min_seqlen_q (the top config runs at every length) and gives a causal head dim without a config a
+    two-warpgroup one; other head dims untouched."""
     import importlib.util
     import pathlib
     from flashtile import configs
@@ -81,11 +82,14 @@ def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     spec.loader.exec_module(module)
     table = dict(configs.FWD_HOPPER)
     shipped = table[(64, False)]
-    assert shipped.min_seqlen_q > 0 and (64, True) not in table
+    assert shipped.min_seqlen_q > 0 and (256, True) in table
     got = module.variant_configs(table, 64, True, ["num_stages=2"])
     assert set(got) == {(64, False), (64, True)}
-    assert got[(64, False)].min_seqlen_q == 0 and got[(64, False)].num_stages == 2
-    assert got[(64, False)].block_m == shipped.block_m and got[(64, True)].block_m == 128
+    assert got[(64, False)].min_seqlen_q == got[(64, True)].min_seqlen_q == 0 and got[(64, False)].num_stages == 2
+    assert got[(64, False)].block_m == shipped.block_m and got[(64, True)].block_m == table[(64, True)].block_m
+    del table[(64, True)]
+    assert module.variant_configs(table, 64, True, [])[(64, True)].block_m == 128
+    table = dict(configs.FWD_HOPPER)
     assert module.variant_configs(table, 128, False, []) == {k: v for k, v in table.items() if k[0] == 128}
     tables = module.variant_tables(table, 128, False, ["num_stages=2"], [["shipped"], ["flat", "persistent=0"]])
     assert list(tables) == ["shipped", "flat"]

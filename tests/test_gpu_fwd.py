@@ -26,7 +26,7 @@ def test_hopper_kernel_covers_the_common_layouts(forward_backend):
     """The Hopper kernel, not the fallback, runs the shapes users time: flash-attn and SDPA layouts, GQA."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel is for sm90")
-    for head_dim in (64, 128, 256):  # D=64 only from 4096 query rows, non-causal (configs.FWD_HOPPER)
+    for head_dim in (64, 128, 256):  # D=64 only from 1024 query rows (causal 2048; configs.FWD_HOPPER)
         for dtype in LOW:
             q = randn(2, 1000, 8, head_dim, dtype=dtype)
             k = randn(2, 1000, 2, head_dim, dtype=dtype)
@@ -156,6 +156,17 @@ def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
     three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True)
     assert three.block_m // 64 == 3
     check_hopper_config(three, 64, causal, monkeypatch)
+
+
+@pytest.mark.parametrize("rows", ["long", "short"])
+def test_d64_causal_configs(rows, forward_backend, monkeypatch):
+    """D=64 causal's two shipped configs (three warpgroups with the softmax under P·V; two below min_seqlen_q),
+    each forced onto every shape."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's tile config")
+    three = configs.FWD_HOPPER[(64, True)]
+    cfg = dataclasses.replace(three if rows == "long" else three.below, min_seqlen_q=0, below=None)
+    check_hopper_config(cfg, 64, True, monkeypatch)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

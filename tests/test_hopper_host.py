@@ -92,13 +92,11 @@ def test_launch_arguments():
 
 
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
-    """On sm90 (pretended here) D=64 non-causal takes the Hopper kernel from configs' min_seqlen_q query rows
-    (the longest sequence when packed), D=64 causal never, D=128 always."""
+    """On sm90 (pretended here) D=64 takes the Hopper kernel from configs' min_seqlen_q query rows (the longest
+    sequence when packed), causal in two warpgroups first and three from the next threshold; D=128 always."""
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
-    threshold = configs.FWD_HOPPER[(64, False)].min_seqlen_q
-    assert threshold > 1
 
     def picked(seqlen, head_dim, causal, packed_max=None):
         q = torch.randn(1, seqlen, 2, head_dim, dtype=torch.bfloat16)
@@ -106,13 +104,22 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
             q = q[0]
         return ops._hopper_config(q, q, q, (-1, 0) if causal else (-1, -1), packed_max)
 
-    ok = fwd_hopper.GLUON_VERSION_OK
-    assert picked(threshold - 1, 64, False) is None
-    assert (picked(threshold, 64, False) is not None) == ok
-    assert picked(threshold, 64, True) is None
-    assert (picked(threshold, 64, False, packed_max=threshold) is not None) == ok
-    assert picked(threshold, 64, False, packed_max=threshold - 1) is None
-    assert (picked(16, 128, False) is not None) == ok
+    if not fwd_hopper.GLUON_VERSION_OK:
+        assert picked(16384, 64, False) is None and picked(16, 128, False) is None
+        return
+    full = configs.FWD_HOPPER[(64, False)]
+    assert full.min_seqlen_q > 1 and full.below is None
+    assert picked(full.min_seqlen_q - 1, 64, False) is None
+    assert picked(full.min_seqlen_q, 64, False) is full
+    assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q) is full
+    assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q - 1) is None
+    three = configs.FWD_HOPPER[(64, True)]
+    two = three.below
+    assert (three.block_m, two.block_m, two.below) == (192, 128, None) and 1 < two.min_seqlen_q < three.min_seqlen_q
+    assert picked(two.min_seqlen_q - 1, 64, True) is None
+    assert picked(two.min_seqlen_q, 64, True) is two and picked(three.min_seqlen_q - 1, 64, True) is two
+    assert picked(three.min_seqlen_q, 64, True) is three
+    assert picked(16, 128, False) is configs.FWD_HOPPER[(128, False)]
 
 
 def test_backward_launch_arguments():

@@ -134,9 +134,10 @@ def _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL:
     """Tile j's scores, with keys past the sequence (and, causal, past the diagonal) at -inf."""
     if j >= n_full:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = offs_n[None, :] < seqlen_k
-        if CAUSAL:
-            ok = ok & (offs_n[None, :] <= (offs_m + diag)[:, None])
+        if CAUSAL:  # one compare per score, against each row's last visible key
+            ok = offs_n[None, :] <= gl.minimum(offs_m + diag, seqlen_k - 1)[:, None]
+        else:
+            ok = offs_n[None, :] < seqlen_k
         s = gl.where(ok, s, float("-inf"))
     return s
 
