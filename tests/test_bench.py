@@ -82,14 +82,13 @@ def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     spec.loader.exec_module(module)
     table = dict(configs.FWD_HOPPER)
     shipped = table[(64, False)]
-    assert shipped.min_seqlen_q > 0 and (256, True) in table
+    assert shipped.min_seqlen_q > 0
     got = module.variant_configs(table, 64, True, ["num_stages=2"])
     assert set(got) == {(64, False), (64, True)}
     assert got[(64, False)].min_seqlen_q == got[(64, True)].min_seqlen_q == 0 and got[(64, False)].num_stages == 2
     assert got[(64, False)].block_m == shipped.block_m and got[(64, True)].block_m == table[(64, True)].block_m
-    del table[(64, True)]
-    assert module.variant_configs(table, 64, True, [])[(64, True)].block_m == 128
-    table = dict(configs.FWD_HOPPER)
+    no_causal = {key: cfg for key, cfg in table.items() if key != (64, True)}
+    assert module.variant_configs(no_causal, 64, True, [])[(64, True)].block_m == 128
     assert module.variant_configs(table, 128, False, []) == {k: v for k, v in table.items() if k[0] == 128}
     tables = module.variant_tables(table, 128, False, ["num_stages=2"], [["shipped"], ["flat", "persistent=0"]])
     assert list(tables) == ["shipped", "flat"]

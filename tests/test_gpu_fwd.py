@@ -59,7 +59,7 @@ def check_varlen(seqlens_q, seqlens_k, head_dim, causal):
                                                        causal=causal, return_attn_probs=True)
     ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
     assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
-    return ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1))
+    return ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1), max(seqlens_q))
 
 
 def check_hopper_config(cfg, head_dim, causal, monkeypatch):
