@@ -102,9 +102,8 @@ def _hopper_config(q, k, v, window_size, seqlen_q=None):
     if configs.FWD_BACKEND == "portable" or _arch(q.device) != (9, 0) or interpreter_enabled():
         return None
     rows = q.shape[1] if seqlen_q is None else seqlen_q
-    config = configs.FWD_HOPPER.get((q.shape[-1], _is_causal(window_size)))
-    while config is not None and rows < config.min_seqlen_q:
-        config = config.below
+    chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((q.shape[-1], _is_causal(window_size))))
+    config = next((c for c in chain if rows >= c.min_seqlen_q), None)
     if config is None:
         return None
     from .kernels.fwd_hopper import supports
