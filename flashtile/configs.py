@@ -90,10 +90,12 @@ def hopper_fwd_chain(config):
 # score, D=64 causal in 192-row tiles with the overlap 216/333/411/454/473 and in two warpgroups 312/375/398/415/427
 # against the portable 315/361/388/406/411 (cuDNN 337/387/417/440/457): three from 4k rows, two from 2k. Non-causal
 # three warpgroups at 1k/2k 423/442 against the portable 412/422 (fwd-d64-overlap.md): from 1k rows.
+# Run 22 (fwd-d64-pingpong.md, N = 1k/2k/3k/4k): causal two warpgroups without ping-pong 319/380/398/411 against
+# 309/369/390/403 with it; three warpgroups and D=128 keep it (without: -1 to -3 %, D=128 non-causal -2 to -4 %).
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, min_seqlen_q=4096,
-                                below=HopperFwdConfig(128, 128, 3, persistent=True, min_seqlen_q=2048)),
+                                below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, min_seqlen_q=2048)),
     (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, o_kstage=True),
     (128, True): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
                                  o_kstage=True),
