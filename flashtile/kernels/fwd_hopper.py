@@ -7,9 +7,10 @@ may see through a ring of shared-memory stages with TMA, each stage guarded by m
 stage free). Two consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix
 products as asynchronous wgmma and the online softmax in registers (240 registers each with two, 160 with three;
 the loader keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j - 1, then runs the softmax
-of tile j; the consumers take turns at the tensor cores (ping-pong, in a ring), so that one's softmax runs under
-the others' products. O leaves in 16-byte runs of a row, not in the wgmma layout's 4-byte pieces: D=64 converts
-through triton's scratch, D=128 (no shared memory to spare) through its rows of the item's last K tile
+of tile j; the consumers take turns at the tensor cores (ping-pong, in a ring; a config switch, off only in D=64
+causal's two-warpgroup config), so that one's softmax runs under the others' products. O leaves in 16-byte runs
+of a row, not in the wgmma layout's 4-byte pieces: D=64 converts through triton's scratch, D=128 (no shared
+memory to spare) through its rows of the item's last K tile
 (STAGE_K: a barrier waits for every consumer's last Q·Kᵀ, and the stage is freed after the epilogue).
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
