@@ -57,6 +57,7 @@ class HopperFwdConfig:
     exp2_fma: int = 0  # one in this many exponentials of P by polynomial on the FMA units (0: none)
     min_seqlen_q: int = 0  # below this many query rows (the longest sequence) ``below`` runs instead
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
+    early_p: bool = False  # P to 16 bits at the end of each step (registers: not fp32 P beside the next S)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 
 
@@ -93,13 +94,18 @@ def hopper_fwd_chain(config):
 # Run 22 (fwd-d64-pingpong.md, N = 1k/2k/3k/4k): causal two warpgroups without ping-pong 319/380/398/411 against
 # 309/369/390/403 with it; three warpgroups and D=128 keep it (without: causal -1 to -3 %, D=128 non-causal -2 to
 # -4 %, D=64 non-causal -3 % to +0.2 %).
+# Run 23 (fwd-early-p.md, N = 1k/2k/4k/8k/16k, two alternating processes each): D=128 with P turned to 16 bits at
+# the end of each step (early_p; spills 40/32 bytes -> 0) and each stage's K freed after Q·Kᵀ, V after P·V:
+# non-causal 601/625/615/625/630 and 600/597/614/623/628 against 588/604/616/620/625 and 586/603/611/621/620,
+# causal 445/544/579/591/606 and 429/527/573/590/616 against 426/521/570/580/604 and 413/511/556/579/606. D=64
+# with early_p: within the spread non-causal, causal three warpgroups -6 % at 4k (kept off). Two stages tie three.
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, min_seqlen_q=4096,
                                 below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, min_seqlen_q=2048)),
-    (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, o_kstage=True),
+    (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, o_kstage=True, early_p=True),
     (128, True): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
-                                 o_kstage=True),
+                                 o_kstage=True, early_p=True),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }

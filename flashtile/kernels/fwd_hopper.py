@@ -1,17 +1,18 @@
 """FlashAttention forward for Hopper (sm90), warp-specialized, in Gluon.
 
-A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a
-light one under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ...; either way the
-next item's loads overlap this one's tail. A loader warp streams each item's Q and the K and V tiles its rows
-may see through a ring of shared-memory stages with TMA, each stage guarded by mbarriers (K ready, V ready,
-stage free). Two consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix
-products as asynchronous wgmma and the online softmax in registers (240 registers each with two, 160 with three;
-the loader keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j - 1, then runs the softmax
-of tile j; the consumers take turns at the tensor cores (ping-pong, in a ring; a config switch, off only in D=64
-causal's two-warpgroup config), so that one's softmax runs under the others' products. O leaves in 16-byte runs
-of a row, not in the wgmma layout's 4-byte pieces: D=64 converts through triton's scratch, D=128 (no shared
-memory to spare) through its rows of the item's last K tile
-(STAGE_K: a barrier waits for every consumer's last Q·Kᵀ, and the stage is freed after the epilogue).
+A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a light
+one under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ...; either way the next
+item's loads overlap this one's tail. A loader warp streams each item's Q and the K and V tiles its rows may see
+through a ring of shared-memory stages with TMA, each stage guarded by mbarriers (K ready, V ready, K free once
+every Q·Kᵀ read it, V free once every P·V did). Two consumer warpgroups (three with 192-row tiles, as D=64 takes),
+64 rows each, run the matrix products as asynchronous wgmma and the online softmax in registers (240 registers
+each with two, 160 with three; the loader keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile
+j-1, then runs the softmax of tile j; the consumers take turns at the tensor cores (ping-pong, in a ring; a config
+switch, off only in D=64 causal's two-warpgroup config), so that one's softmax runs under the others' products. O
+leaves in 16-byte runs of a row, not in the wgmma layout's 4-byte pieces: D=64 converts through triton's scratch,
+D=128 (no shared memory to spare) through its rows of the item's last K tile (STAGE_K: a barrier waits for every
+consumer's last Q·Kᵀ, and that K is freed after the epilogue). D=128 turns P to 16 bits at the end of each step
+(EARLY_P), so that its fp32 copy is not alive beside the next scores.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -98,12 +99,12 @@ def _tile(w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free,
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
                     cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
                     seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr):
     """One warp: for each work item of this program, each consumer's Q rows once that consumer freed the
-    previous ones, then K and V of each tile into the next ring stage once both consumers freed it."""
+    previous ones, then K and V of each tile into the next ring stage, each once every consumer freed its own."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
     for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):  # this program's items
@@ -118,10 +119,11 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
                                                          h * q_col_h], q_bar.index(i), q_smem.index(i))
             for j in range(n_tiles):
                 stage = g % STAGES
-                mbarrier.wait(kv_free.index(stage), ((g // STAGES) & 1) ^ 1)
+                mbarrier.wait(k_free.index(stage), ((g // STAGES) & 1) ^ 1)
                 mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
                                                 k_ready.index(stage), k_smem.index(stage))
+                mbarrier.wait(v_free.index(stage), ((g // STAGES) & 1) ^ 1)
                 mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
                                                 v_ready.index(stage), v_smem.index(stage))
@@ -144,6 +146,14 @@ def _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL:
 
 
 @gluon.jit
+def _operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, CONVERT: gl.constexpr):
+    """P as the 16-bit A operand of P·V, in registers (with CONVERT; else P already is)."""
+    if CONVERT:
+        p = gl.convert_layout(p.to(dtype), p_layout)
+    return p
+
+
+@gluon.jit
 def _take_turn(turn, wg: gl.constexpr, i, PINGPONG: gl.constexpr):
     """Ping-pong: warpgroup ``wg`` issues its i-th batch of products only after the warpgroup before it (in a
     ring) issued its own (fresh mbarriers count as having completed the phase before 0, so warpgroup 0
@@ -159,12 +169,13 @@ def _pass_turn(turn, wg: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O,
-              LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-              stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
+def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn,
+              O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+              stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
-              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr):
+              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr,
+              EARLY_P: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -206,9 +217,12 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                 mbarrier.arrive(q_free.index(wg))
                 if STAGE_K:
                     mbarrier.arrive(k_done.index(0))
+            if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
+                mbarrier.arrive(k_free.index(g % STAGES))
             p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
                                                                        CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                      EXP2_FMA)
+            p = _operand(p, p_layout, dtype, EARLY_P)
             for j in range(1, n_own):
                 stage = (g + j) % STAGES
                 prev = (g + j - 1) % STAGES
@@ -216,45 +230,44 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
                 mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
                 _take_turn(turn, wg, turns + j, PINGPONG)
                 s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                p_op = _operand(p, p_layout, dtype, not EARLY_P)
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
                 # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
                 if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
                     s = warpgroup_mma_wait(1, deps=(s, ))
-                    if j == n_own - 1:
-                        mbarrier.arrive(q_free.index(wg))
-                        if STAGE_K:
-                            mbarrier.arrive(k_done.index(0))
-                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
-                                                                               BLOCK_N, CAUSAL, s_layout), qk_scale,
-                                                             MAY_BE_EMPTY, EXP2_FMA)
-                    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-                    mbarrier.arrive(kv_free.index(prev))
                 else:
                     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-                    if j == n_own - 1:
-                        mbarrier.arrive(q_free.index(wg))
-                        if STAGE_K:
-                            mbarrier.arrive(k_done.index(0))
-                    mbarrier.arrive(kv_free.index(prev))
-                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag,
-                                                                               BLOCK_N, CAUSAL, s_layout), qk_scale,
-                                                             MAY_BE_EMPTY, EXP2_FMA)
+                    mbarrier.arrive(v_free.index(prev))
+                if j == n_own - 1:
+                    mbarrier.arrive(q_free.index(wg))
+                    if STAGE_K:
+                        mbarrier.arrive(k_done.index(0))
+                if not STAGE_K or j < n_own - 1:
+                    mbarrier.arrive(k_free.index(stage))
+                p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                           CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                         EXP2_FMA)
+                if OVERLAP_PV:
+                    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                    mbarrier.arrive(v_free.index(prev))
+                p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             last = (g + n_own - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
             _take_turn(turn, wg, turns + n_own, PINGPONG)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
+            acc = warpgroup_mma(_operand(p, p_layout, dtype, not EARLY_P), v_smem.index(last), acc, is_async=True)
             _pass_turn(turn, wg, NUM_WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            if not STAGE_K:
-                mbarrier.arrive(kv_free.index(last))
+            mbarrier.arrive(v_free.index(last))
             for j in range(n_own, n_tiles):  # tiles past its rows: keep the ring of turns, free the stage
-                mbarrier.wait(v_ready.index((g + j) % STAGES), ((g + j) // STAGES) & 1)  # this round's stage
+                stage = (g + j) % STAGES
+                mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)  # this round's stage
+                mbarrier.wait(v_ready.index(stage), ((g + j) // STAGES) & 1)
                 _take_turn(turn, wg, turns + j + 1, PINGPONG)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                mbarrier.arrive(kv_free.index((g + j) % STAGES))
+                mbarrier.arrive(k_free.index(stage))
+                mbarrier.arrive(v_free.index(stage))
             g += n_tiles
             turns += n_tiles + 1
             k_done_phase = done & 1
@@ -283,7 +296,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
             gl.store(ptrs, out, mask=(rows < sq)[:, None])
             if STAGE_K:
-                mbarrier.arrive(kv_free.index(last))
+                mbarrier.arrive(k_free.index(last))
 
 
 @gluon.jit
@@ -293,7 +306,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            STAGE_K: gl.constexpr, REGS: gl.constexpr):
+                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -306,7 +319,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # every Q·Kᵀ read K
+    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # every P·V read V
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(k_done.index(0), count=NUM_WG)
@@ -317,47 +331,48 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_free.index(i), count=NUM_WG)
+        mbarrier.init(k_free.index(i), count=NUM_WG)
+        mbarrier.init(v_free.index(i), count=NUM_WG)
 
     MAY_BE_EMPTY: gl.constexpr = CAUSAL or IS_VARLEN  # rows whose first tile has no key to see
     # warp_specialize takes a literal list, constexprs packed in a tuple stop being constexprs, and a batch-mode
     # cu_seqlens (None) cannot sit in one: both lists are spelled out.
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
-                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
+                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
-                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
+                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
-            (_consumer, (2, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
-                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
+            (_consumer, (2, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
+                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
-                            kv_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                            k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
                             CAUSAL, BOTTOM_RIGHT, IS_VARLEN)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
-                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
+                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, kv_free, k_done, turn, O, LSE,
-                      cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
+                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K)),
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
-                            kv_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                            k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
                             CAUSAL, BOTTOM_RIGHT, IS_VARLEN)),
         ], [4, 1], [REGS, 24])
@@ -478,5 +493,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value),
+                  EARLY_P=config.early_p,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
