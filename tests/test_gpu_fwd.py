@@ -191,3 +191,21 @@ def test_early_p(causal, forward_backend, monkeypatch):
     check_hopper_config(dataclasses.replace(configs.FWD_HOPPER[(128, causal)], early_p=False), 128, causal, monkeypatch)
     three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, early_p=True)
     check_hopper_config(three, 64, causal, monkeypatch)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_o_by_tma_store(causal, forward_backend, monkeypatch):
+    """configs.HopperFwdConfig.o_tma (D=128, two K/V stages: O by TMA stores from a tile per consumer, which the
+    next item's epilogue waits for) on ragged, GQA/MQA, fp16 and packed shapes, persistent and not, and an output
+    whose layout differs from Q's (plain stores then); bitwise repeatable."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    for persistent in (True, False):
+        cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], o_tma=True, num_stages=2, persistent=persistent)
+        check_hopper_config(cfg, 128, causal, monkeypatch)
+    q = randn(2, 1024, 8, 128, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)  # heads first
+    k, v = (randn(2, 1024, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    with poisoned_outputs():
+        out = flashtile.flash_attn_func(q, k, v, causal=causal)
+    ref, _ = reference.attention(q, k, v, causal=causal)
+    assert_attention_close(out, ref, torch_attention(q, k, v, causal, (-1, -1)))

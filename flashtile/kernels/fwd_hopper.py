@@ -169,13 +169,14 @@ def _pass_turn(turn, wg: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn,
-              O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+              k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+              k_rows_h, stride_ob, stride_on,
               stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
               PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr,
-              EARLY_P: gl.constexpr):
+              EARLY_P: gl.constexpr, STAGE_O: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -294,19 +295,28 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, 
             rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
             ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
-            gl.store(ptrs, out, mask=(rows < sq)[:, None])
+            if STAGE_O and start_m + (wg + 1) * WG_M <= sq:  # rows all in the sequence: a TMA store from shared
+                o_wg = o_smem.index(wg)
+                tma.store_wait(0)  # the previous item's O has left this tile
+                o_wg.store(out)
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
+            else:
+                gl.store(ptrs, out, mask=(rows < sq)[:, None])
             if STAGE_K:
                 mbarrier.arrive(k_free.index(last))
+    if STAGE_O:
+        tma.store_wait(0)  # the tiles outlive no store that reads them
 
 
 @gluon.jit
-def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                             k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
                             seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, REGS: gl.constexpr):
+                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -315,6 +325,9 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    o_smem = q_smem  # (unused without STAGE_O)
+    if STAGE_O:  # each consumer's O tile, which a TMA store reads while the next item runs
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG] + o_desc.block_type.shape, o_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -339,21 +352,24 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
     # cu_seqlens (None) cannot sit in one: both lists are spelled out.
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
-                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                      stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
-                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                      stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
-            (_consumer, (2, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
-                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                      stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -361,16 +377,18 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, cu_seqlens_q, cu_seq
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
-                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                      stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done, turn, O,
-                      LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on,
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
+                      stride_ob, stride_on,
                       stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P)),
+                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -440,12 +458,14 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                                          causal, bottom_right, config)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
-                        ["q_desc", "k_desc", "v_desc", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
+                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
         if replay.compiled is not None:
-            replay.descriptors = [detach_descriptor(d) for d in args[:3]]
+            replay.descriptors = [detach_descriptor(d) for d in args[:4]]
+            replay.stage_o = kwargs["STAGE_O"]
         _REPLAYS.put(key, replay)
     else:
-        descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, (q, k, v)))
+        tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
+        descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, tensors))
         replay.run(q.device, *descs, out, lse, cu_seqlens_q, cu_seqlens_k)
 
 
@@ -472,8 +492,11 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, varlen)
     q2, k2, v2 = _view(q, q_layout), _view(k, k_layout), _view(v, _layout(v, varlen)[0])
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    # O by TMA stores where its 2-D view maps rows as Q's does (the same row and column offsets serve both)
+    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and _layout(out, varlen) == _layout(q, varlen))
+    o2 = _view(out, q_layout) if stage_o else q2
     descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype))
-             for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n))]
+             for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n), (o2, WG_M.value))]
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
         o_strides = (0, out.stride(0), out.stride(1))
@@ -492,7 +515,8 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
-                  STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value),
+                  STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
+                  STAGE_O=stage_o,
                   EARLY_P=config.early_p,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
