@@ -58,7 +58,7 @@ class HopperFwdConfig:
     min_seqlen_q: int = 0  # below this many query rows (the longest sequence) ``below`` runs instead
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
     early_p: bool = False  # P to 16 bits at the end of each step (registers: not fp32 P beside the next S)
-    o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: room of a third K/V stage)
+    o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 
 
@@ -99,14 +99,18 @@ def hopper_fwd_chain(config):
 # the end of each step (early_p; spills 40/32 bytes -> 0) and each stage's K freed after Q·Kᵀ, V after P·V:
 # non-causal 601/625/615/625/630 and 600/597/614/623/628 against 588/604/616/620/625 and 586/603/611/621/620,
 # causal 445/544/579/591/606 and 429/527/573/590/616 against 426/521/570/580/604 and 413/511/556/579/606. D=64
-# with early_p: within the spread non-causal, causal three warpgroups -6 % at 4k (kept off). Two stages tie three.
+# with early_p: within the spread non-causal, causal three warpgroups -6 % at 4k (kept off). Two stages tie three,
+# which leaves room for an O tile per consumer (o_tma; fwd-o-tma-smem.md, one process, N = 1k/4k/8k/16k): non-causal
+# 570/610/612/618 against 547/596/610/612 with three stages and O through the K tile, causal 450/566/580/596 against
+# 429/560/576/596. o_kstage stays for outputs laid out unlike Q, which the TMA store does not take.
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, min_seqlen_q=4096,
                                 below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, min_seqlen_q=2048)),
-    (128, False): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, o_kstage=True, early_p=True),
-    (128, True): HopperFwdConfig(128, 128, 3, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
-                                 o_kstage=True, early_p=True),
+    (128, False): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True, early_p=True,
+                                  o_tma=True),
+    (128, True): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
+                                 o_kstage=True, early_p=True, o_tma=True),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }

@@ -160,7 +160,9 @@ def _compile_gluon(kernel, args, kwargs):
     spills = re.search(r"(\d+) bytes spill stores", report)
     return dict(kernel=kernel.__name__, varlen=False, dq=None, shared=compiled.metadata.shared,
                 wgmma=ptx.count("wgmma.mma_async"),
-                tma_loads=ptx.count("cp.async.bulk.tensor"), local=int(spills.group(1)) if spills else -1,
+                tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
+                tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
+                local=int(spills.group(1)) if spills else -1,
                 tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report,
                 global_stores={"all": ptx.count("st.global"), "v2": ptx.count("st.global.v2"),
                                "v4": ptx.count("st.global.v4")})

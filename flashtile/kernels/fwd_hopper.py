@@ -11,8 +11,9 @@ j-1, then runs the softmax of tile j; the consumers take turns at the tensor cor
 switch, off only in D=64 causal's two-warpgroup config), so that one's softmax runs under the others' products. O
 leaves in 16-byte runs of a row, not in the wgmma layout's 4-byte pieces: D=64 converts through triton's scratch,
 D=128 (no shared memory to spare) through its rows of the item's last K tile (STAGE_K: a barrier waits for every
-consumer's last Q·Kᵀ, and that K is freed after the epilogue). D=128 turns P to 16 bits at the end of each step
-(EARLY_P), so that its fp32 copy is not alive beside the next scores.
+consumer's last Q·Kᵀ, and that K is freed after the epilogue); with two K/V stages D=128 has room for an O tile
+per consumer instead, which a TMA store reads while the next item runs (STAGE_O, where O's rows map as Q's). D=128
+turns P to 16 bits at the end of each step (EARLY_P), so that its fp32 copy is not alive beside the next scores.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -171,12 +172,11 @@ def _pass_turn(turn, wg: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
 @gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
               k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-              k_rows_h, stride_ob, stride_on,
-              stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr,
-              PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr,
-              EARLY_P: gl.constexpr, STAGE_O: gl.constexpr):
+              k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m,
+              n_pairs, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+              MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
+              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -310,8 +310,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
 
 
 @gluon.jit
-def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                            k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+                            q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
                             seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
@@ -353,23 +353,20 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                      stride_ob, stride_on,
-                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
+                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                      stride_ob, stride_on,
-                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
+                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                      stride_ob, stride_on,
-                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
+                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -378,17 +375,15 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     else:
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                      stride_ob, stride_on,
-                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
+                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                      stride_ob, stride_on,
-                      stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                      OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
+                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
