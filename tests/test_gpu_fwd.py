@@ -177,7 +177,7 @@ def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     for persistent in (True, False):
-        cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], o_kstage=True, persistent=persistent)
+        cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], o_kstage=True, o_tma=False, persistent=persistent)
         check_hopper_config(cfg, 128, causal, monkeypatch)
 
 
