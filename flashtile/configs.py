@@ -96,7 +96,7 @@ def hopper_fwd_chain(config):
 # 309/369/390/403 with it; three warpgroups and D=128 keep it (without: causal -1 to -3 %, D=128 non-causal -2 to
 # -4 %, D=64 non-causal -3 % to +0.2 %).
 # Run 23 (fwd-early-p.md, N = 1k/2k/4k/8k/16k, two alternating processes each): D=128 with P turned to 16 bits at
-# the end of each step (early_p; spills 40/32 bytes -> 0) and each stage's K freed after Q·Kᵀ, V after P·V:
+# the end of each step (early_p; spills 32/28 bytes -> 0) and each stage's K freed after Q·Kᵀ, V after P·V:
 # non-causal 601/625/615/625/630 and 600/597/614/623/628 against 588/604/616/620/625 and 586/603/611/621/620,
 # causal 445/544/579/591/606 and 429/527/573/590/616 against 426/521/570/580/604 and 413/511/556/579/606. D=64
 # with early_p: within the spread non-causal, causal three warpgroups -6 % at 4k (kept off). Two stages tie three,
