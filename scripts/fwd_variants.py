@@ -6,7 +6,8 @@ per variant of the source tree, in one device call; docs/perf.md, forward v14):
 One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns, B·N = 16k tokens, 2048 / D heads.
 --hopper-everywhere runs the Hopper kernel at every length: the shipped config without its min_seqlen_q, and for
 a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid. --set FIELD=VALUE
-(integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2`. Config variants of one
+(integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2` (`below.o_tma=1` changes the
+config below min_seqlen_q). Config variants of one
 source tree take turns with the peers in one process, one column each (docs/perf.md, forward v16):
 
     PYTHONPATH=. python scripts/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
@@ -27,6 +28,8 @@ def variant_configs(table, head_dim, everywhere, settings):
     ("field=int" strings) applied, and with ``everywhere`` no min_seqlen_q (a causal head dim without an entry
     gets two consumer warpgroups of 128-row tiles, persistent)."""
     fields = {name: int(value) for name, value in (item.split("=") for item in settings)}
+    below = {name[len("below."):]: value for name, value in fields.items() if name.startswith("below.")}
+    fields = {name: value for name, value in fields.items() if not name.startswith("below.")}
     out = {}
     for causal in (False, True):
         cfg = table.get((head_dim, causal))
@@ -34,7 +37,8 @@ def variant_configs(table, head_dim, everywhere, settings):
             cfg = (dataclasses.replace(cfg, min_seqlen_q=0) if cfg else
                    configs.HopperFwdConfig(128, 128, 3, persistent=True))
         if cfg is not None:
-            out[(head_dim, causal)] = dataclasses.replace(cfg, **fields)
+            extra = {"below": dataclasses.replace(cfg.below, **below)} if below and cfg.below is not None else {}
+            out[(head_dim, causal)] = dataclasses.replace(cfg, **fields, **extra)
     return out
 
 
