@@ -58,6 +58,7 @@ class HopperFwdConfig:
     min_seqlen_q: int = 0  # below this many query rows (the longest sequence) ``below`` runs instead
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
     early_p: bool = False  # P to 16 bits at the end of each step (registers: not fp32 P beside the next S)
+    q_regs: bool = False  # Q·Kᵀ reads Q from registers (the wgmma's A operand), not shared memory
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 

@@ -209,3 +209,14 @@ def test_o_by_tma_store(causal, forward_backend, monkeypatch):
         out = flashtile.flash_attn_func(q, k, v, causal=causal)
     ref, _ = reference.attention(q, k, v, causal=causal)
     assert_attention_close(out, ref, torch_attention(q, k, v, causal, (-1, -1)))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_q_in_registers(causal, forward_backend, monkeypatch):
+    """configs.HopperFwdConfig.q_regs (D=128: Q·Kᵀ takes Q from registers, and the loader may fetch the next
+    item's Q as soon as they are loaded) on ragged, GQA/MQA, fp16 and packed shapes, persistent and not."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    for persistent in (True, False):
+        cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], q_regs=True, persistent=persistent)
+        check_hopper_config(cfg, 128, causal, monkeypatch)

@@ -176,7 +176,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
               n_pairs, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
               MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr):
+              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -208,14 +208,20 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
                 n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
             mbarrier.wait(q_bar.index(wg), done & 1)
+            if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
+                q_op = q_wg.load(register_operand_layout(s_layout))
+                mbarrier.arrive(q_free.index(wg))
+            else:
+                q_op = q_wg
             mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
             _take_turn(turn, wg, turns, PINGPONG)
-            s = warpgroup_mma(q_wg, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
+            s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
             _pass_turn(turn, wg, NUM_WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
             if n_own == 1:
-                mbarrier.arrive(q_free.index(wg))
+                if not Q_REGS:
+                    mbarrier.arrive(q_free.index(wg))
                 if STAGE_K:
                     mbarrier.arrive(k_done.index(0))
             if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
@@ -230,7 +236,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
                 _take_turn(turn, wg, turns + j, PINGPONG)
-                s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 p_op = _operand(p, p_layout, dtype, not EARLY_P)
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
@@ -241,7 +247,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
                     mbarrier.arrive(v_free.index(prev))
                 if j == n_own - 1:
-                    mbarrier.arrive(q_free.index(wg))
+                    if not Q_REGS:
+                        mbarrier.arrive(q_free.index(wg))
                     if STAGE_K:
                         mbarrier.arrive(k_done.index(0))
                 if not STAGE_K or j < n_own - 1:
@@ -316,7 +323,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, REGS: gl.constexpr):
+                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
+                            REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -356,17 +364,17 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -378,12 +386,12 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -512,6 +520,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
-                  EARLY_P=config.early_p,
+                  EARLY_P=config.early_p, Q_REGS=config.q_regs,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
