@@ -104,14 +104,23 @@ def hopper_fwd_chain(config):
 # which leaves room for an O tile per consumer (o_tma; fwd-o-tma-smem.md, one process, N = 1k/4k/8k/16k): non-causal
 # 570/610/612/618 against 547/596/610/612 with three stages and O through the K tile, causal 450/566/580/596 against
 # 429/560/576/596. o_kstage stays for outputs laid out unlike Q, which the TMA store does not take.
+# Run 24 (fwd-q-regs.md, N = 1k/2k/4k/8k/16k, variants taking turns in one process, two calls): Q·Kᵀ with Q in
+# registers (q_regs) non-causal 599/624/613/627/629 and 602/645/634/641/646 against 617/603/604/609/611 and
+# 625/628/621/631/627, causal 437/546/559/574/591 and 454/565/585/591/612 against 440/543/554/569/583 and
+# 454/562/579/591/608: from 2k rows (at 1k -3 and -4 % non-causal).
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, min_seqlen_q=4096,
                                 below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, min_seqlen_q=2048)),
     (128, False): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True, early_p=True,
-                                  o_tma=True),
+                                  q_regs=True, o_tma=True, min_seqlen_q=2048,
+                                  below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True,
+                                                        early_p=True, o_tma=True)),
     (128, True): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
-                                 o_kstage=True, early_p=True, o_tma=True),
+                                 o_kstage=True, early_p=True, q_regs=True, o_tma=True, min_seqlen_q=2048,
+                                 below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True,
+                                                       persistent_max_seqlen=4096, o_kstage=True, early_p=True,
+                                                       o_tma=True)),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }

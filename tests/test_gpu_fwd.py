@@ -65,6 +65,7 @@ def check_varlen(seqlens_q, seqlens_k, head_dim, causal):
 def check_hopper_config(cfg, head_dim, causal, monkeypatch):
     """``cfg`` forced onto ragged lengths, causal with Nq != Nk, GQA and MQA, fp16, packed sequences with empty
     ones; then bitwise repeatable."""
+    cfg = dataclasses.replace(cfg, min_seqlen_q=0, below=None)
     monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): cfg})
     for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
         check(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, causal)
@@ -165,8 +166,7 @@ def test_d64_causal_configs(rows, forward_backend, monkeypatch):
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's tile config")
     three = configs.FWD_HOPPER[(64, True)]
-    cfg = dataclasses.replace(three if rows == "long" else three.below, min_seqlen_q=0, below=None)
-    check_hopper_config(cfg, 64, True, monkeypatch)
+    check_hopper_config(three if rows == "long" else three.below, 64, True, monkeypatch)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -213,10 +213,11 @@ def test_o_by_tma_store(causal, forward_backend, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_q_in_registers(causal, forward_backend, monkeypatch):
-    """configs.HopperFwdConfig.q_regs (D=128: Q·Kᵀ takes Q from registers, and the loader may fetch the next
-    item's Q as soon as they are loaded) on ragged, GQA/MQA, fp16 and packed shapes, persistent and not."""
+    """configs.HopperFwdConfig.q_regs (D=128: Q·Kᵀ takes Q from registers, and the loader may refill its tile as
+    soon as they are loaded) on and off, on ragged, GQA/MQA, fp16 and packed shapes, persistent and not."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    for persistent in (True, False):
-        cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], q_regs=True, persistent=persistent)
-        check_hopper_config(cfg, 128, causal, monkeypatch)
+    for q_regs in (True, False):
+        for persistent in (True, False):
+            cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], q_regs=q_regs, persistent=persistent)
+            check_hopper_config(cfg, 128, causal, monkeypatch)

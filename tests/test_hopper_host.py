@@ -93,7 +93,8 @@ def test_launch_arguments():
 
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     """On sm90 (pretended here) D=64 takes the Hopper kernel from configs' min_seqlen_q query rows (the longest
-    sequence when packed), causal in two warpgroups first and three from the next threshold; D=128 always."""
+    sequence when packed), causal in two warpgroups first and three from the next threshold; D=128 always, Q in
+    registers from its threshold."""
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
@@ -119,7 +120,11 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     assert picked(two.min_seqlen_q - 1, 64, True) is None
     assert picked(two.min_seqlen_q, 64, True) is two and picked(three.min_seqlen_q - 1, 64, True) is two
     assert picked(three.min_seqlen_q, 64, True) is three
-    assert picked(16, 128, False) is configs.FWD_HOPPER[(128, False)]
+    for causal in (False, True):
+        top = configs.FWD_HOPPER[(128, causal)]
+        assert top.q_regs and not top.below.q_regs and top.below.below is None
+        assert picked(16, 128, causal) is top.below and picked(top.min_seqlen_q - 1, 128, causal) is top.below
+        assert picked(top.min_seqlen_q, 128, causal) is top
 
 
 def test_backward_launch_arguments():

@@ -13,7 +13,9 @@ leaves in 16-byte runs of a row, not in the wgmma layout's 4-byte pieces: D=64 c
 D=128 (no shared memory to spare) through its rows of the item's last K tile (STAGE_K: a barrier waits for every
 consumer's last Q·Kᵀ, and that K is freed after the epilogue); with two K/V stages D=128 has room for an O tile
 per consumer instead, which a TMA store reads while the next item runs (STAGE_O, where O's rows map as Q's). D=128
-turns P to 16 bits at the end of each step (EARLY_P), so that its fp32 copy is not alive beside the next scores.
+turns P to 16 bits at the end of each step (EARLY_P), so that its fp32 copy is not alive beside the next scores,
+and from 2k rows keeps Q in registers as Q·Kᵀ's A operand (Q_REGS): shared memory then feeds only K and V to the
+tensor cores, and the loader may refill a consumer's Q tile at the start of the item.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -210,6 +212,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
             mbarrier.wait(q_bar.index(wg), done & 1)
             if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
                 q_op = q_wg.load(register_operand_layout(s_layout))
+                fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
                 mbarrier.arrive(q_free.index(wg))
             else:
                 q_op = q_wg
