@@ -59,6 +59,7 @@ class HopperFwdConfig:
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
     early_p: bool = False  # P to 16 bits at the end of each step (registers: not fp32 P beside the next S)
     q_regs: bool = False  # Q·Kᵀ reads Q from registers (the wgmma's A operand), not shared memory
+    lane_sums: bool = False  # each thread keeps its share of the row sums; the quad adds them once per item
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 

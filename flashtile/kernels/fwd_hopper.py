@@ -149,6 +149,22 @@ def _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL:
 
 
 @gluon.jit
+def _lane_sums(l_i, alpha, p, BLOCK_N: gl.constexpr, LANE_SUMS: gl.constexpr):
+    """The running row sums rescaled by alpha plus P's. With LANE_SUMS each thread keeps its own share, [WG_M, 4]
+    (the four lanes of a quad hold a row's columns 2q, 2q+1 of every 8): summed across the quad once per item."""
+    if LANE_SUMS:
+        out = gl.sum(gl.sum(gl.reshape(p, [WG_M, BLOCK_N // 8, 4, 2]), axis=3), axis=1)  # [WG_M, 4]
+    else:
+        out = gl.sum(p, 1)
+    if l_i is not None:
+        if LANE_SUMS:
+            out = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, out.type.layout), assert_trivial=True)[:, None] + out
+        else:
+            out = l_i * alpha + out
+    return out
+
+
+@gluon.jit
 def _operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, CONVERT: gl.constexpr):
     """P as the 16-bit A operand of P·V, in registers (with CONVERT; else P already is)."""
     if CONVERT:
@@ -178,7 +194,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
               n_pairs, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
               MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr):
+              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
+              LANE_SUMS: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -201,7 +218,6 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
         if start_m < sq:
             offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([WG_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
 
             n_own = n_tiles
@@ -229,9 +245,10 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                     mbarrier.arrive(k_done.index(0))
             if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
                 mbarrier.arrive(k_free.index(g % STAGES))
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                       CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                     EXP2_FMA)
+            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                     CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                   EXP2_FMA)
+            l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)
             p = _operand(p, p_layout, dtype, EARLY_P)
             for j in range(1, n_own):
                 stage = (g + j) % STAGES
@@ -256,9 +273,10 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                         mbarrier.arrive(k_done.index(0))
                 if not STAGE_K or j < n_own - 1:
                     mbarrier.arrive(k_free.index(stage))
-                p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                           CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                         EXP2_FMA)
+                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                         CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                       EXP2_FMA)
+                l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
                 if OVERLAP_PV:
                     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                     mbarrier.arrive(v_free.index(prev))
@@ -289,6 +307,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
             if IS_VARLEN:
                 o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
                 lse_offset = h.to(gl.int64) * stride_lh + q_row
+            if LANE_SUMS:
+                l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
             empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
             lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
             gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
@@ -327,7 +347,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
                             STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-                            REGS: gl.constexpr):
+                            LANE_SUMS: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -367,17 +387,20 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      LANE_SUMS)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      LANE_SUMS)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      LANE_SUMS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -389,12 +412,14 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      LANE_SUMS)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      LANE_SUMS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -523,6 +548,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
-                  EARLY_P=config.early_p, Q_REGS=config.q_regs,
+                  EARLY_P=config.early_p, Q_REGS=config.q_regs, LANE_SUMS=config.lane_sums,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
