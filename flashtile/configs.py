@@ -108,20 +108,25 @@ def hopper_fwd_chain(config):
 # Run 24 (fwd-q-regs.md, N = 1k/2k/4k/8k/16k, variants taking turns in one process, two calls): Q·Kᵀ with Q in
 # registers (q_regs) non-causal 599/624/613/627/629 and 602/645/634/641/646 against 617/603/604/609/611 and
 # 625/628/621/631/627, causal 437/546/559/574/591 and 454/565/585/591/612 against 440/543/554/569/583 and
-# 454/562/579/591/608: from 2k rows (at 1k -3 and -4 % non-causal).
+# 454/562/579/591/608: from 2k rows (at 1k -3 and -4 % non-causal). Each thread's share of the row sums added
+# across the quad once per item (lane_sums; 4 shuffles and 4 adds fewer per step), in columns taking rotating turns
+# (fwd-lane-sums.md): D=128 non-causal 619/625 against 582/609 at 1k/2k, causal 446/541 against 438/532; D=64
+# 425/440/489 against 404/435/480 non-causal at 1k/2k/4k, causal 381/425 against 373/418 at 2k/4k.
 FWD_HOPPER = {
-    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, min_seqlen_q=1024),
-    (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, min_seqlen_q=4096,
-                                below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, min_seqlen_q=2048)),
+    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
+    (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True,
+                                min_seqlen_q=4096,
+                                below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, lane_sums=True,
+                                                      min_seqlen_q=2048)),
     (128, False): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True, early_p=True,
-                                  q_regs=True, o_tma=True, min_seqlen_q=2048,
+                                  q_regs=True, lane_sums=True, o_tma=True, min_seqlen_q=2048,
                                   below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True,
-                                                        early_p=True, o_tma=True)),
+                                                        early_p=True, lane_sums=True, o_tma=True)),
     (128, True): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
-                                 o_kstage=True, early_p=True, q_regs=True, o_tma=True, min_seqlen_q=2048,
+                                 o_kstage=True, early_p=True, q_regs=True, lane_sums=True, o_tma=True, min_seqlen_q=2048,
                                  below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True,
                                                        persistent_max_seqlen=4096, o_kstage=True, early_p=True,
-                                                       o_tma=True)),
+                                                       lane_sums=True, o_tma=True)),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }

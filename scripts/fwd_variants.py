@@ -8,7 +8,8 @@ One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns
 a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid. --set FIELD=VALUE
 (integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2` (`below.o_tma=1` changes the
 config below min_seqlen_q). Config variants of one
-source tree take turns with the peers in one process, one column each (docs/perf.md, forward v16):
+source tree take turns with the peers in one process, one column each, each round starting one column later (at
+N=1k the column right after cuDNN measured 3-5 % high; docs/perf.md, forward v16 and v26):
 
     PYTHONPATH=. python scripts/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
         --variant overlap overlap_pv=1 --variant "non-persistent" persistent=0
@@ -72,8 +73,8 @@ def main():
             q, k, v = (torch.randn(16384 // n, n, 2048 // d, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4 * q.shape[0] * q.shape[2] * n * n * d / (2 if causal else 1)
             best = {}
-            for _ in range(args.rounds):  # variants and peers take turns; each keeps its best median
-                for name in columns:
+            for turn in range(args.rounds):  # variants and peers take turns, each round starting one column later
+                for name in columns[turn % len(columns):] + columns[:turn % len(columns)]:
                     prepare, run = FORWARD["flashtile" if name in tables else name](causal)
                     inputs = prepare(q, k, v)
                     saved = dict(configs.FWD_HOPPER)

@@ -227,8 +227,10 @@ def test_q_in_registers(causal, forward_backend, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.lane_sums (each thread keeps its share of the row sums, added across the quad once
-    per item) in every config of the head dim, forced onto every shape; empty rows still give O = 0."""
+    per item) on and off in every config of the head dim, forced onto every shape; empty rows still give O = 0."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
-        check_hopper_config(dataclasses.replace(cfg, lane_sums=True), head_dim, causal, monkeypatch)
+        assert cfg.lane_sums
+        for lane_sums in (True, False):
+            check_hopper_config(dataclasses.replace(cfg, lane_sums=lane_sums), head_dim, causal, monkeypatch)
