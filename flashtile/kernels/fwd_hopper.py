@@ -15,7 +15,8 @@ consumer's last Q·Kᵀ, and that K is freed after the epilogue); with two K/V s
 per consumer instead, which a TMA store reads while the next item runs (STAGE_O, where O's rows map as Q's). D=128
 turns P to 16 bits at the end of each step (EARLY_P), so that its fp32 copy is not alive beside the next scores,
 and from 2k rows keeps Q in registers as Q·Kᵀ's A operand (Q_REGS): shared memory then feeds only K and V to the
-tensor cores, and the loader may refill a consumer's Q tile at the start of the item.
+tensor cores, and the loader may refill a consumer's Q tile at the start of the item. Each thread keeps its own
+share of the row sums of P (LANE_SUMS), which the four lanes holding a row add once per item, not every step.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
