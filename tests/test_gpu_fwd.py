@@ -184,13 +184,14 @@ def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_early_p(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.early_p (P to 16 bits at the end of each step) the other way from the shipped
-    configs: off at D=128, on at D=64 in three warpgroups."""
+    configs: off at D=128, on at D=64 in three warpgroups (with and without the softmax under P·V)."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     assert configs.FWD_HOPPER[(128, causal)].early_p
     check_hopper_config(dataclasses.replace(configs.FWD_HOPPER[(128, causal)], early_p=False), 128, causal, monkeypatch)
-    three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, early_p=True)
-    check_hopper_config(three, 64, causal, monkeypatch)
+    for overlap_pv in (False, True):
+        three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, early_p=True, overlap_pv=overlap_pv)
+        check_hopper_config(three, 64, causal, monkeypatch)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
