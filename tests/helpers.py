@@ -1,5 +1,6 @@
 """Shared test tools: inputs, the low-precision PyTorch baseline, the error rule, NaN-poisoned outputs."""
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,16 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # ratio err / (2 x PyTorch's + 1e-6) seen over 60 fp32 draws at D=256 was 0.94, so 1e-6 was flaky.
 ATOL = {torch.float16: 1e-4, torch.bfloat16: 1e-3, torch.float32: 4e-6}
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def slack(ref, dtype, scaled=False):
+    """What the error rule adds to 2x PyTorch's error: ATOL (times the reference's largest magnitude when
+    ``scaled``), and at least one unit in the last place of ``dtype`` there. Rounding the exact result to the
+    dtype alone may cost half of it, and PyTorch's result may have happened to round the right way: a 17x17
+    fp16 dV once measured one ulp (0.0039) against PyTorch's 0.00098."""
+    top = ref.abs().max().item()
+    atol = ATOL[dtype] * (max(1.0, top) if scaled else 1.0)
+    return max(atol, torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top)) if top > 0 else 0.0)
 
 
 def randn(*shape, dtype, scale=1.0, device=DEVICE):
@@ -47,7 +58,7 @@ def assert_attention_close(out, ref, baseline, lse=None, ref_lse=None):
     assert not out.isnan().any(), "NaN in the output"
     err = (out.double() - ref).abs().max().item()
     base = (baseline.double() - ref).abs().max().item()
-    bound = 2 * base + ATOL[out.dtype]
+    bound = 2 * base + slack(ref, out.dtype)
     assert err <= bound, f"max error {err:.3g} > 2 x PyTorch's {base:.3g} + atol"
     if lse is not None:
         assert not lse.isnan().any(), "NaN in the LSE"
