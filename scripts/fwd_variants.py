@@ -7,9 +7,9 @@ One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns
 --hopper-everywhere runs the Hopper kernel at every length: the shipped config without its min_seqlen_q, and for
 a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid. --set FIELD=VALUE
 (integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2` (`below.o_tma=1` changes the
-config below min_seqlen_q). Config variants of one
-source tree take turns with the peers in one process, one column each, each round starting one column later (at
-N=1k the column right after cuDNN measured 3-5 % high; docs/perf.md, forward v16 and v26):
+config below min_seqlen_q). Config variants of one source tree take turns with the peers in one process, one column
+each, each round starting one column later (at N=1k the column right after cuDNN's turn measured 3-5 % high;
+docs/perf.md, forward v16 and v26):
 
     PYTHONPATH=. python scripts/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
         --variant overlap overlap_pv=1 --variant "non-persistent" persistent=0

@@ -249,7 +249,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
             p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
                                                                      CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                    EXP2_FMA)
-            l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)
+            l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
             p = _operand(p, p_layout, dtype, EARLY_P)
             for j in range(1, n_own):
                 stage = (g + j) % STAGES
