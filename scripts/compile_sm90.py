@@ -111,7 +111,7 @@ def compile_hopper_fwd(head_dim, causal, cfg):
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
                                                 cfg)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
-                config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal)
+                config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs)
 
 
 def compile_hopper_bwd(causal):
@@ -160,6 +160,7 @@ def _compile_gluon(kernel, args, kwargs):
     spills = re.search(r"(\d+) bytes spill stores", report)
     return dict(kernel=kernel.__name__, varlen=False, dq=None, shared=compiled.metadata.shared,
                 wgmma=ptx.count("wgmma.mma_async"),
+                wgmma_rs=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A operand from registers
                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
                 local=int(spills.group(1)) if spills else -1,

@@ -42,6 +42,8 @@ def test_forward_compiles_for_sm90():
             assert row["setmaxnreg"] > 0 and not row["serialized"], row
             if row["head_dim"] == 128:  # O by a TMA store per consumer (configs o_tma), not in 4-byte pieces
                 assert row["tma_stores"] == 2 and row["global_stores"]["v4"] == 0, row
+                # P·V takes P from registers; with q_regs Q·Kᵀ takes Q from registers too
+                assert row["wgmma_rs"] == (row["wgmma"] if row["q_regs"] else row["wgmma"] // 2), row
 
 
 def _gluon_backward_rows(function):
