@@ -215,10 +215,11 @@ def test_o_by_tma_store(causal, forward_backend, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_q_in_registers(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.q_regs (D=128: Q·Kᵀ takes Q from registers, and the loader may refill its tile as
-    soon as they are loaded) on and off, on ragged, GQA/MQA, fp16 and packed shapes, persistent and not."""
+    soon as they are loaded; loaded at the item's start or under its first Q·Kᵀ) and off, on ragged, GQA/MQA, fp16
+    and packed shapes, persistent and not."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    for q_regs in (True, False):
+    for q_regs in (1, 2, 0):
         for persistent in (True, False):
             cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], q_regs=q_regs, persistent=persistent)
             check_hopper_config(cfg, 128, causal, monkeypatch)

@@ -227,20 +227,24 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
                 n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
             mbarrier.wait(q_bar.index(wg), done & 1)
-            if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
+            q_op = q_wg
+            if Q_REGS == 1:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
                 q_op = q_wg.load(register_operand_layout(s_layout))
                 fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
                 mbarrier.arrive(q_free.index(wg))
-            else:
-                q_op = q_wg
             mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
             _take_turn(turn, wg, turns, PINGPONG)
             s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
             _pass_turn(turn, wg, NUM_WG, PINGPONG)
+            if Q_REGS == 2:  # the first Q·Kᵀ from shared memory; Q into registers under it for the other steps
+                q_op = q_wg.load(register_operand_layout(s_layout))
             s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
+            if Q_REGS == 2:
+                fence_async_shared()
+                mbarrier.arrive(q_free.index(wg))
             if n_own == 1:
-                if not Q_REGS:
+                if Q_REGS == 0:
                     mbarrier.arrive(q_free.index(wg))
                 if STAGE_K:
                     mbarrier.arrive(k_done.index(0))
@@ -268,7 +272,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
                     mbarrier.arrive(v_free.index(prev))
                 if j == n_own - 1:
-                    if not Q_REGS:
+                    if Q_REGS == 0:
                         mbarrier.arrive(q_free.index(wg))
                     if STAGE_K:
                         mbarrier.arrive(k_done.index(0))
@@ -549,6 +553,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
-                  EARLY_P=config.early_p, Q_REGS=config.q_regs, LANE_SUMS=config.lane_sums,
+                  EARLY_P=config.early_p, Q_REGS=int(config.q_regs), LANE_SUMS=config.lane_sums,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
