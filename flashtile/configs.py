@@ -61,6 +61,7 @@ class HopperFwdConfig:
     q_regs: int = 0  # Q·Kᵀ reads Q from registers (the A operand): 1 loaded at the item's start, 2 under its first
     # Q·Kᵀ (which reads shared memory); 0 shared memory throughout
     lane_sums: bool = False  # each thread keeps its share of the row sums; the quad adds them once per item
+    skip_idle: bool = True  # a consumer whose rows all lie past the sequence (a ragged last tile) only passes turns
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 

@@ -236,3 +236,17 @@ def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
         assert cfg.lane_sums
         for lane_sums in (True, False):
             check_hopper_config(dataclasses.replace(cfg, lane_sums=lane_sums), head_dim, causal, monkeypatch)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_skip_idle(head_dim, causal, forward_backend, monkeypatch):
+    """configs.HopperFwdConfig.skip_idle (a consumer whose rows all lie past the sequence only passes the turns and
+    frees the stages) on and off in every config of the head dim; check_hopper_config's lengths 17, 203, 1023,
+    4096 and the packed 300 and 193 leave one or two warpgroups of their last tile idle."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
+        assert cfg.skip_idle
+        for skip_idle in (True, False):
+            check_hopper_config(dataclasses.replace(cfg, skip_idle=skip_idle), head_dim, causal, monkeypatch)

@@ -189,6 +189,20 @@ def _pass_turn(turn, wg: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
 
 
 @gluon.jit
+def _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg: gl.constexpr, g, turns, lo, hi, STAGES: gl.constexpr,
+                NUM_WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Tiles lo to hi - 1 of an item, past this warpgroup's rows: keep the ring of turns, free each stage."""
+    for j in range(lo, hi):
+        stage = (g + j) % STAGES
+        mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)  # this round's stage
+        mbarrier.wait(v_ready.index(stage), ((g + j) // STAGES) & 1)
+        _take_turn(turn, wg, turns + j + 1, PINGPONG)
+        _pass_turn(turn, wg, NUM_WG, PINGPONG)
+        mbarrier.arrive(k_free.index(stage))
+        mbarrier.arrive(v_free.index(stage))
+
+
+@gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
               k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
               k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m,
@@ -196,7 +210,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
               MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
               STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              LANE_SUMS: gl.constexpr):
+              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -217,129 +231,135 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
             w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
             seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
         if start_m < sq:
-            offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
-            m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
-
-            n_own = n_tiles
-            if CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or more earlier
-                first = start_m + wg * WG_M
-                n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
-                n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
-            mbarrier.wait(q_bar.index(wg), done & 1)
-            q_op = q_wg
-            if Q_REGS == 1:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
-                q_op = q_wg.load(register_operand_layout(s_layout))
-                fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
+            if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
+                mbarrier.wait(q_bar.index(wg), done & 1)
                 mbarrier.arrive(q_free.index(wg))
-            mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
-            _take_turn(turn, wg, turns, PINGPONG)
-            s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-            _pass_turn(turn, wg, NUM_WG, PINGPONG)
-            if Q_REGS == 2:  # the first Q·Kᵀ from shared memory; Q into registers under it for the other steps
-                q_op = q_wg.load(register_operand_layout(s_layout))
-            s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
-            if Q_REGS == 2:
-                fence_async_shared()
-                mbarrier.arrive(q_free.index(wg))
-            if n_own == 1:
-                if Q_REGS == 0:
-                    mbarrier.arrive(q_free.index(wg))
                 if STAGE_K:
                     mbarrier.arrive(k_done.index(0))
-            if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
-                mbarrier.arrive(k_free.index(g % STAGES))
-            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                     CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                   EXP2_FMA)
-            l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
-            p = _operand(p, p_layout, dtype, EARLY_P)
-            for j in range(1, n_own):
-                stage = (g + j) % STAGES
-                prev = (g + j - 1) % STAGES
-                mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
-                _take_turn(turn, wg, turns + j, PINGPONG)
-                s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                p_op = _operand(p, p_layout, dtype, not EARLY_P)
-                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                _take_turn(turn, wg, turns, PINGPONG)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
-                if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
-                    s = warpgroup_mma_wait(1, deps=(s, ))
-                else:
-                    s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-                    mbarrier.arrive(v_free.index(prev))
-                if j == n_own - 1:
+                _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, 0, n_tiles, STAGES, NUM_WG, PINGPONG)
+                g += n_tiles
+                turns += n_tiles + 1
+                done += 1
+            else:
+                offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
+                m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+                acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
+
+                n_own = n_tiles
+                if CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
+                    first = start_m + wg * WG_M
+                    n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
+                    n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
+                mbarrier.wait(q_bar.index(wg), done & 1)
+                q_op = q_wg
+                if Q_REGS == 1:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
+                    q_op = q_wg.load(register_operand_layout(s_layout))
+                    fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
+                    mbarrier.arrive(q_free.index(wg))
+                mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
+                _take_turn(turn, wg, turns, PINGPONG)
+                s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+                _pass_turn(turn, wg, NUM_WG, PINGPONG)
+                if Q_REGS == 2:  # the first Q·Kᵀ from shared memory; Q into registers under it for the other steps
+                    q_op = q_wg.load(register_operand_layout(s_layout))
+                s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
+                if Q_REGS == 2:
+                    fence_async_shared()
+                    mbarrier.arrive(q_free.index(wg))
+                if n_own == 1:
                     if Q_REGS == 0:
                         mbarrier.arrive(q_free.index(wg))
                     if STAGE_K:
                         mbarrier.arrive(k_done.index(0))
-                if not STAGE_K or j < n_own - 1:
-                    mbarrier.arrive(k_free.index(stage))
-                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
+                if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
+                    mbarrier.arrive(k_free.index(g % STAGES))
+                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
                                                                          CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                        EXP2_FMA)
-                l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
-                if OVERLAP_PV:
-                    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-                    mbarrier.arrive(v_free.index(prev))
-                p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            last = (g + n_own - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
-            _take_turn(turn, wg, turns + n_own, PINGPONG)
-            acc = warpgroup_mma(_operand(p, p_layout, dtype, not EARLY_P), v_smem.index(last), acc, is_async=True)
-            _pass_turn(turn, wg, NUM_WG, PINGPONG)
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(v_free.index(last))
-            for j in range(n_own, n_tiles):  # tiles past its rows: keep the ring of turns, free the stage
-                stage = (g + j) % STAGES
-                mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)  # this round's stage
-                mbarrier.wait(v_ready.index(stage), ((g + j) // STAGES) & 1)
-                _take_turn(turn, wg, turns + j + 1, PINGPONG)
+                l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
+                p = _operand(p, p_layout, dtype, EARLY_P)
+                for j in range(1, n_own):
+                    stage = (g + j) % STAGES
+                    prev = (g + j - 1) % STAGES
+                    mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
+                    _take_turn(turn, wg, turns + j, PINGPONG)
+                    s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    p_op = _operand(p, p_layout, dtype, not EARLY_P)
+                    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    _pass_turn(turn, wg, NUM_WG, PINGPONG)
+                    # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
+                    if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
+                        s = warpgroup_mma_wait(1, deps=(s, ))
+                    else:
+                        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+                        mbarrier.arrive(v_free.index(prev))
+                    if j == n_own - 1:
+                        if Q_REGS == 0:
+                            mbarrier.arrive(q_free.index(wg))
+                        if STAGE_K:
+                            mbarrier.arrive(k_done.index(0))
+                    if not STAGE_K or j < n_own - 1:
+                        mbarrier.arrive(k_free.index(stage))
+                    p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                             CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                           EXP2_FMA)
+                    l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
+                    if OVERLAP_PV:
+                        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                        mbarrier.arrive(v_free.index(prev))
+                    p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                last = (g + n_own - 1) % STAGES
+                mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
+                _take_turn(turn, wg, turns + n_own, PINGPONG)
+                acc = warpgroup_mma(_operand(p, p_layout, dtype, not EARLY_P), v_smem.index(last), acc, is_async=True)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                mbarrier.arrive(k_free.index(stage))
-                mbarrier.arrive(v_free.index(stage))
-            g += n_tiles
-            turns += n_tiles + 1
-            k_done_phase = done & 1
-            done += 1
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(v_free.index(last))
+                _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
+                            PINGPONG)
+                g += n_tiles
+                turns += n_tiles + 1
+                k_done_phase = done & 1
+                done += 1
 
-            o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-            lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-            if IS_VARLEN:
-                o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
-                lse_offset = h.to(gl.int64) * stride_lh + q_row
-            if LANE_SUMS:
-                l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
-            empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
-            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-            gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
-            inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
-            out = (acc * inv_l[:, None]).to(dtype)
-            if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
-                out = gl.convert_layout(out, store_layout)
-            elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
-                mbarrier.wait(k_done.index(0), k_done_phase)  # every consumer's last Q·Kᵀ has read that tile
-                o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
-                o_tile.store(out)
-                out = o_tile.load(store_layout)
-                fence_async_shared()  # these writes land before the loader's next TMA load into the tile
-            rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
-            ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
-            if STAGE_O and start_m + (wg + 1) * WG_M <= sq:  # rows all in the sequence: a TMA store from shared
-                o_wg = o_smem.index(wg)
-                tma.store_wait(0)  # the previous item's O has left this tile
-                o_wg.store(out)
-                fence_async_shared()
-                tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
-            else:
-                gl.store(ptrs, out, mask=(rows < sq)[:, None])
-            if STAGE_K:
-                mbarrier.arrive(k_free.index(last))
+                o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+                if IS_VARLEN:
+                    o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
+                    lse_offset = h.to(gl.int64) * stride_lh + q_row
+                if LANE_SUMS:
+                    l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
+                empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
+                lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+                gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
+                inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
+                out = (acc * inv_l[:, None]).to(dtype)
+                if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
+                    out = gl.convert_layout(out, store_layout)
+                elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
+                    mbarrier.wait(k_done.index(0), k_done_phase)  # every consumer's last Q·Kᵀ has read that tile
+                    o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
+                    o_tile.store(out)
+                    out = o_tile.load(store_layout)
+                    fence_async_shared()  # these writes land before the loader's next TMA load into the tile
+                rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
+                cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
+                ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
+                if STAGE_O and start_m + (wg + 1) * WG_M <= sq:  # rows all in the sequence: a TMA store from shared
+                    o_wg = o_smem.index(wg)
+                    tma.store_wait(0)  # the previous item's O has left this tile
+                    o_wg.store(out)
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
+                else:
+                    gl.store(ptrs, out, mask=(rows < sq)[:, None])
+                if STAGE_K:
+                    mbarrier.arrive(k_free.index(last))
     if STAGE_O:
         tma.store_wait(0)  # the tiles outlive no store that reads them
 
@@ -352,7 +372,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
                             STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-                            LANE_SUMS: gl.constexpr, REGS: gl.constexpr):
+                            LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
     takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
     this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
@@ -393,19 +413,19 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS)),
+                      LANE_SUMS, SKIP_IDLE)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS)),
+                      LANE_SUMS, SKIP_IDLE)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS)),
+                      LANE_SUMS, SKIP_IDLE)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -418,13 +438,13 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS)),
+                      LANE_SUMS, SKIP_IDLE)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS)),
+                      LANE_SUMS, SKIP_IDLE)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
@@ -554,5 +574,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
                   EARLY_P=config.early_p, Q_REGS=int(config.q_regs), LANE_SUMS=config.lane_sums,
+                  SKIP_IDLE=config.skip_idle,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
