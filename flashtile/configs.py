@@ -58,10 +58,11 @@ class HopperFwdConfig:
     min_seqlen_q: int = 0  # below this many query rows (the longest sequence) ``below`` runs instead
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
     early_p: bool = False  # P to 16 bits at the end of each step (registers: not fp32 P beside the next S)
-    q_regs: int = 0  # Q·Kᵀ reads Q from registers (the A operand): 1 loaded at the item's start, 2 under its first
-    # Q·Kᵀ (which reads shared memory); 0 shared memory throughout
+    q_regs: bool = False  # Q·Kᵀ reads Q from registers (the wgmma's A operand), not shared memory
     lane_sums: bool = False  # each thread keeps its share of the row sums; the quad adds them once per item
     skip_idle: bool = True  # a consumer whose rows all lie past the sequence (a ragged last tile) only passes turns
+    balanced: bool = True  # light work items (ragged last tiles, one-tile middle pairs) last; non-causal persistent
+    # grids take single Q tiles, not pairs
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 

@@ -215,11 +215,10 @@ def test_o_by_tma_store(causal, forward_backend, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_q_in_registers(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.q_regs (D=128: Q·Kᵀ takes Q from registers, and the loader may refill its tile as
-    soon as they are loaded; loaded at the item's start or under its first Q·Kᵀ) and off, on ragged, GQA/MQA, fp16
-    and packed shapes, persistent and not."""
+    soon as they are loaded) on and off, on ragged, GQA/MQA, fp16 and packed shapes, persistent and not."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    for q_regs in (1, 2, 0):
+    for q_regs in (True, False):
         for persistent in (True, False):
             cfg = dataclasses.replace(configs.FWD_HOPPER[(128, causal)], q_regs=q_regs, persistent=persistent)
             check_hopper_config(cfg, 128, causal, monkeypatch)
@@ -238,15 +237,18 @@ def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
             check_hopper_config(dataclasses.replace(cfg, lane_sums=lane_sums), head_dim, causal, monkeypatch)
 
 
+@pytest.mark.parametrize("option", ["skip_idle", "balanced"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_skip_idle(head_dim, causal, forward_backend, monkeypatch):
+def test_schedule_options(option, head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.skip_idle (a consumer whose rows all lie past the sequence only passes the turns and
-    frees the stages) on and off in every config of the head dim; check_hopper_config's lengths 17, 203, 1023,
-    4096 and the packed 300 and 193 leave one or two warpgroups of their last tile idle."""
+    frees the stages) and .balanced (light items last; non-causal persistent grids take single Q tiles) on and off
+    in every config of the head dim: check_hopper_config's lengths 17, 203, 1023, 4096 and the packed 300 and 193
+    leave one or two warpgroups of their last tile idle, and its outputs start as NaN, so a tile no program
+    takes shows."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
-        assert cfg.skip_idle
-        for skip_idle in (True, False):
-            check_hopper_config(dataclasses.replace(cfg, skip_idle=skip_idle), head_dim, causal, monkeypatch)
+        assert getattr(cfg, option)
+        for on in (True, False):
+            check_hopper_config(dataclasses.replace(cfg, **{option: on}), head_dim, causal, monkeypatch)

@@ -66,21 +66,56 @@ def register_operand_layout(result_layout):
 
 
 @gluon.jit
-def _tile(w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-          seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-          IS_VARLEN: gl.constexpr):
-    """This program's w-th work item: side w % 2 of pair program_id + (w // 2)·grid, a BLOCK_M-row Q tile of
-    one head. Pair j of a head holds its Q tiles n_m − 1 − j and j, so under a causal mask every pair costs
-    the same (n_m + 1 K/V tiles); the pairs of a head are neighbours, so programs running at once share its
-    K and V in L2. Returns the tile's first row (past the sequence for the second side of an odd middle
-    pair), batch, head, both sequences' first rows and lengths in the 2-D views, the causal offset, the K/V
-    tiles it visits and how many of them are whole."""
-    pair = gl.program_id(0) + w // 2 * gl.num_programs(0)
-    side = w % 2
-    n_half = (n_m + 1) // 2
-    bh = pair // n_half
-    j = pair % n_half
-    m = j + (1 - side) * (n_m - 1 - 2 * j) + side * (2 * j == n_m - 1).to(gl.int32) * (n_m - j)
+def _n_items(n_m, n_bh, SCHEDULE: gl.constexpr):
+    """How many work items this program takes: every grid-th of the n_m·n_bh Q tiles (SCHEDULE 2), or both
+    sides of every grid-th of the ⌈n_m / 2⌉·n_bh pairs."""
+    if SCHEDULE == 2:
+        return gl.cdiv(n_m * n_bh - gl.program_id(0), gl.num_programs(0))
+    return 2 * gl.cdiv((n_m + 1) // 2 * n_bh - gl.program_id(0), gl.num_programs(0))
+
+
+@gluon.jit
+def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr):
+    """(head of the batch, Q tile) of this program's w-th work item. Pair j of a head holds its Q tiles
+    n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the pairs (or
+    tiles) of a head are neighbours, so programs running at once share its K and V in L2. With SCHEDULE ≥ 1
+    the light work comes after all the rest, so the last round evens out the programs: a ragged last tile
+    (whose idle warpgroups skip it; SCHEDULE 2, non-causal: single tiles) and the one-tile middle pair."""
+    ragged = (seqlen_q % BLOCK_M != 0).to(gl.int32)
+    if SCHEDULE == 2:
+        item = gl.program_id(0) + w * gl.num_programs(0)
+        n_whole = n_m - ragged
+        bh = item // gl.maximum(n_whole, 1)
+        m = item % gl.maximum(n_whole, 1)
+        if item >= n_bh * n_whole:
+            bh = item - n_bh * n_whole
+            m = n_m - 1
+    else:
+        pair = gl.program_id(0) + w // 2 * gl.num_programs(0)
+        side = w % 2
+        n_half = (n_m + 1) // 2
+        bh = pair // n_half
+        j = pair % n_half
+        if SCHEDULE == 1:
+            n_light = gl.minimum(ragged + n_m % 2, n_half)  # pairs j = 0 (ragged) and n_half - 1 (n_m odd)
+            n_heavy = n_half - n_light
+            bh = pair // gl.maximum(n_heavy, 1)
+            j = pair % gl.maximum(n_heavy, 1) + ragged
+            if pair >= n_bh * n_heavy:
+                bh = (pair - n_bh * n_heavy) // n_light
+                j = ((pair - n_bh * n_heavy) % n_light + 1 - ragged) * (n_half - 1)
+        m = j + (1 - side) * (n_m - 1 - 2 * j) + side * (2 * j == n_m - 1).to(gl.int32) * (n_m - j)
+    return bh, m
+
+
+@gluon.jit
+def _tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+          seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
+    """This program's w-th work item (see _item), a BLOCK_M-row Q tile of one head. Returns the tile's first
+    row (past the sequence for the second side of an odd middle pair), batch, head, both sequences' first rows
+    and lengths in the 2-D views, the causal offset, the K/V tiles it visits and how many of them are whole."""
+    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE)
     start_m = m * BLOCK_M
     b = bh // nheads
     h = bh % nheads
@@ -105,16 +140,17 @@ def _tile(w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
                     cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
-                    seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr):
+                    seqlen_k, nheads, group, n_m, n_bh, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                    SCHEDULE: gl.constexpr):
     """One warp: for each work item of this program, each consumer's Q rows once that consumer freed the
     previous ones, then K and V of each tile into the next ring stage, each once every consumer freed its own."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
-    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):  # this program's items
+    for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
         if start_m < sq:
             for i in gl.static_range(BLOCK_M // WG_M):
                 mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
@@ -206,11 +242,12 @@ def _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg: gl.constexpr, g, tur
 def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
               k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
               k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m,
-              n_pairs, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
               MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
               STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr):
+              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr,
+              SCHEDULE: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -226,10 +263,10 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
-    for w in range(2 * gl.cdiv(n_pairs - gl.program_id(0), gl.num_programs(0))):  # this program's items
+    for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            w, n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-            seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
         if start_m < sq:
             if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
                 mbarrier.wait(q_bar.index(wg), done & 1)
@@ -253,24 +290,20 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                     n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
                     n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
                 mbarrier.wait(q_bar.index(wg), done & 1)
-                q_op = q_wg
-                if Q_REGS == 1:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
+                if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
                     q_op = q_wg.load(register_operand_layout(s_layout))
                     fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
                     mbarrier.arrive(q_free.index(wg))
+                else:
+                    q_op = q_wg
                 mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
                 _take_turn(turn, wg, turns, PINGPONG)
                 s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                if Q_REGS == 2:  # the first Q·Kᵀ from shared memory; Q into registers under it for the other steps
-                    q_op = q_wg.load(register_operand_layout(s_layout))
                 s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
-                if Q_REGS == 2:
-                    fence_async_shared()
-                    mbarrier.arrive(q_free.index(wg))
                 if n_own == 1:
-                    if Q_REGS == 0:
+                    if not Q_REGS:
                         mbarrier.arrive(q_free.index(wg))
                     if STAGE_K:
                         mbarrier.arrive(k_done.index(0))
@@ -298,7 +331,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                         s, acc = warpgroup_mma_wait(0, deps=(s, acc))
                         mbarrier.arrive(v_free.index(prev))
                     if j == n_own - 1:
-                        if Q_REGS == 0:
+                        if not Q_REGS:
                             mbarrier.arrive(q_free.index(wg))
                         if STAGE_K:
                             mbarrier.arrive(k_done.index(0))
@@ -367,15 +400,16 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
 @gluon.jit
 def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
                             q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                            seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, qk_scale, HEAD_DIM: gl.constexpr,
+                            seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
                             STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-                            LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, REGS: gl.constexpr):
-    """1-D grid over the n_pairs = ⌈n_m / 2⌉ x batch x nheads pairs of work items (see _tile): program p
-    takes pairs p, p + grid, ... (with a persistent grid the loader fetches the next item's tiles during
-    this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
+                            LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr,
+                            REGS: gl.constexpr):
+    """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
+    nheads heads (see _item): program p takes work p, p + grid, ... (with a persistent grid the loader fetches
+    the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
     (varlen) of its 2-D view, at column h·col_h."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
@@ -411,44 +445,44 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
-                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN)),
+                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M, BLOCK_N, STAGES,
+                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
                       turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_pairs, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_pairs, BLOCK_M, BLOCK_N, STAGES,
-                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN)),
+                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M, BLOCK_N, STAGES,
+                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
         ], [4, 1], [REGS, 24])
 
 
@@ -562,18 +596,19 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         o_strides = (out.stride(0), out.stride(1), out.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
     n_m = cdiv(seqlen_q, config.block_m)
-    n_pairs = cdiv(n_m, 2) * batch * nheads
     persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
-    grid = (min(n_pairs, num_sms(q.device)) if persistent else n_pairs, )
+    schedule = (2 if persistent and not causal else 1) if config.balanced else 0
+    n_work = batch * nheads * (n_m if schedule == 2 else cdiv(n_m, 2))  # Q tiles, or pairs of them (see _item)
+    grid = (min(n_work, num_sms(q.device)) if persistent else n_work, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, n_pairs,
+            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, batch * nheads,
             softmax_scale * LOG2E.value)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
-                  EARLY_P=config.early_p, Q_REGS=int(config.q_regs), LANE_SUMS=config.lane_sums,
-                  SKIP_IDLE=config.skip_idle,
+                  EARLY_P=config.early_p, Q_REGS=config.q_regs, LANE_SUMS=config.lane_sums,
+                  SKIP_IDLE=config.skip_idle, SCHEDULE=schedule,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
