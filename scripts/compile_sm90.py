@@ -100,14 +100,14 @@ def main():
     json.dump(rows, sys.stdout, indent=None)
 
 
-def compile_hopper_fwd(head_dim, causal, cfg):
+def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
-    whether it spilled or had to serialize the asynchronous wgmma."""
+    whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)"""
     import torch
     from flashtile.kernels import fwd_hopper
 
-    q, k, v = (torch.empty(2, 1024, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
-    lse = torch.empty(2, 4, 1024)
+    q, k, v = (torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    lse = torch.empty(2, 4, seqlen)
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
                                                 cfg)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,

@@ -81,7 +81,7 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr)
     tiles) of a head are neighbours, so programs running at once share its K and V in L2. With SCHEDULE ≥ 1
     the light work comes after all the rest, so the last round evens out the programs: a ragged last tile
     (whose idle warpgroups skip it; SCHEDULE 2, non-causal: single tiles) and the one-tile middle pair."""
-    ragged = (seqlen_q % BLOCK_M != 0).to(gl.int32)
+    ragged = (seqlen_q % BLOCK_M + BLOCK_M - 1) // BLOCK_M  # 1: the last Q tile is cut short (Nq = 1: an int)
     if SCHEDULE == 2:
         item = gl.program_id(0) + w * gl.num_programs(0)
         n_whole = n_m - ragged
@@ -409,8 +409,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
                             REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see _item): program p takes work p, p + grid, ... (with a persistent grid the loader fetches
-    the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h (batch) or cu_seqlens[b]
-    (varlen) of its 2-D view, at column h·col_h."""
+    the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
+    (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -597,7 +597,8 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         lse_strides = (lse.stride(0), lse.stride(1))
     n_m = cdiv(seqlen_q, config.block_m)
     persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
-    schedule = (2 if persistent and not causal else 1) if config.balanced else 0
+    # (single tiles need two of them: with one, the compiler folds a consumer's rows past Nq = 1 and crashes)
+    schedule = (2 if persistent and not causal and n_m > 1 else 1) if config.balanced else 0
     n_work = batch * nheads * (n_m if schedule == 2 else cdiv(n_m, 2))  # Q tiles, or pairs of them (see _item)
     grid = (min(n_work, num_sms(q.device)) if persistent else n_work, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
