@@ -238,17 +238,17 @@ def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
 
 
 @pytest.mark.parametrize("option", ["skip_idle", "balanced"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_schedule_options(option, head_dim, causal, forward_backend, monkeypatch):
+def test_schedule_options_off(option, head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.skip_idle (a consumer whose rows all lie past the sequence only passes the turns and
-    frees the stages) and .balanced (light items last; non-causal persistent grids take single Q tiles) on and off
-    in every config of the head dim: check_hopper_config's lengths 17, 203, 1023, 4096 and the packed 300 and 193
-    leave one or two warpgroups of their last tile idle, and its outputs start as NaN, so a tile no program
-    takes shows."""
+    frees the stages) and .balanced (light items last; non-causal persistent grids take single Q tiles) are on in
+    every shipped config, which the rest of the suite runs; here each is turned off in the head dim's top config.
+    check_hopper_config's lengths 17, 203, 1023, 4096 and the packed 300 and 193 leave one or two warpgroups of
+    their last tile idle, and its outputs start as NaN, so a tile that no program takes shows."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
         assert getattr(cfg, option)
-        for on in (True, False):
-            check_hopper_config(dataclasses.replace(cfg, **{option: on}), head_dim, causal, monkeypatch)
+    cfg = configs.FWD_HOPPER[(head_dim, causal)]
+    check_hopper_config(dataclasses.replace(cfg, **{option: False}), head_dim, causal, monkeypatch)
