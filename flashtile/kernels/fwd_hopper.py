@@ -75,13 +75,16 @@ def _n_items(n_m, n_bh, SCHEDULE: gl.constexpr):
 
 
 @gluon.jit
-def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr):
+def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
     """(head of the batch, Q tile) of this program's w-th work item. Pair j of a head holds its Q tiles
     n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the pairs (or
     tiles) of a head are neighbours, so programs running at once share its K and V in L2. With SCHEDULE ≥ 1
     the light work comes after all the rest, so the last round evens out the programs: a ragged last tile
     (whose idle warpgroups skip it; SCHEDULE 2, non-causal: single tiles) and the one-tile middle pair."""
-    ragged = (seqlen_q % BLOCK_M + BLOCK_M - 1) // BLOCK_M  # 1: the last Q tile is cut short (Nq = 1: an int)
+    rem = seqlen_q % BLOCK_M  # 0 < rem <= BLOCK_M - WG_M: the last Q tile leaves a warpgroup idle (Nq = 1: ints)
+    ragged = (rem + BLOCK_M - 1) // BLOCK_M - (rem + WG_M - 1) // BLOCK_M
+    if not SKIP_IDLE:
+        ragged = 0
     if SCHEDULE == 2:
         item = gl.program_id(0) + w * gl.num_programs(0)
         n_whole = n_m - ragged
@@ -111,11 +114,11 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr)
 @gluon.jit
 def _tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
           seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
     """This program's w-th work item (see _item), a BLOCK_M-row Q tile of one head. Returns the tile's first
     row (past the sequence for the second side of an odd middle pair), batch, head, both sequences' first rows
     and lengths in the 2-D views, the causal offset, the K/V tiles it visits and how many of them are whole."""
-    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE)
+    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE, SKIP_IDLE)
     start_m = m * BLOCK_M
     b = bh // nheads
     h = bh % nheads
@@ -142,7 +145,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
                     cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
                     seqlen_k, nheads, group, n_m, n_bh, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                    SCHEDULE: gl.constexpr):
+                    SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
     """One warp: for each work item of this program, each consumer's Q rows once that consumer freed the
     previous ones, then K and V of each tile into the next ring stage, each once every consumer freed its own."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
@@ -150,7 +153,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
     for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
             w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
+            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
         if start_m < sq:
             for i in gl.static_range(BLOCK_M // WG_M):
                 mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
@@ -266,7 +269,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
     for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
         start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
             w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
+            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
         if start_m < sq:
             if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
                 mbarrier.wait(q_bar.index(wg), done & 1)
@@ -463,7 +466,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M, BLOCK_N, STAGES,
-                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
+                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
@@ -482,7 +485,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                             k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
                             k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M, BLOCK_N, STAGES,
-                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
+                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
         ], [4, 1], [REGS, 24])
 
 
