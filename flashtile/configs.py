@@ -130,7 +130,7 @@ FWD_HOPPER = {
                                  min_seqlen_q=2048,
                                  below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True,
                                                        persistent_max_seqlen=4096, o_kstage=True, early_p=True,
-                                                       lane_sums=True, o_tma=True)),
+                                                       lane_sums=True, o_tma=True, balanced=False)),
     (256, False): HopperFwdConfig(128, 64, 2),
     (256, True): HopperFwdConfig(128, 64, 2),
 }
