@@ -88,7 +88,28 @@ def test_launch_arguments():
     assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
     assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
     assert named["seqlen_q"] == named["seqlen_k"] == seqlen
-    assert named["n_pairs"] == n_pairs and named["n_m"] == n_m
+    assert named["n_bh"] == batch * nheads and named["n_m"] == n_m
+    assert kwargs["SCHEDULE"] == (1 if cfg.balanced else 0)  # causal: pairs of Q tiles
+
+
+def test_schedule():
+    """Which work items the grid's programs take (kernels/fwd_hopper._item): causal or not persistent, pairs of Q
+    tiles (light ones last with ``balanced``); non-causal persistent, single Q tiles (but with one Q tile, pairs);
+    the grid covers them, at most one program per SM when persistent."""
+    batch, nheads = 2, 8
+    cfg = configs.HopperFwdConfig(128, 128, 2, persistent=True)
+    for seqlen, causal, persistent, balanced, schedule in [(1000, True, True, True, 1), (1000, False, True, True, 2),
+                                                          (1000, False, False, True, 1), (1000, False, True, False, 0),
+                                                          (100, False, True, True, 1), (1, False, True, True, 1)]:
+        q = torch.randn(batch, seqlen, nheads, 128, dtype=torch.bfloat16)
+        lse = torch.empty(batch, nheads, seqlen)
+        run = dataclasses.replace(cfg, persistent=persistent, balanced=balanced)
+        grid, args, kwargs = fwd_hopper.launch_args(q, q, q, torch.empty_like(q), lse, None, None, None, 0.125,
+                                                    causal, True, run)
+        n_m = -(-seqlen // 128)
+        work = batch * nheads * (n_m if schedule == 2 else -(-n_m // 2))
+        assert kwargs["SCHEDULE"] == schedule and kwargs["SKIP_IDLE"]
+        assert grid == ((min(work, num_sms(q.device)) if persistent else work), )
 
 
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
@@ -232,6 +253,7 @@ def test_launch_arguments_with_three_consumer_warpgroups():
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
     grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
-    assert named["n_m"] == 6 and named["n_pairs"] == 3 * batch * nheads  # 1000 rows: 6 tiles of 192
+    assert named["n_m"] == 6 and named["n_bh"] == batch * nheads  # 1000 rows: 6 tiles of 192
+    assert kwargs["SCHEDULE"] == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
     assert args[0].block_shape == [64, 64]
     assert (kwargs["BLOCK_M"], kwargs["REGS"], kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
