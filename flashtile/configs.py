@@ -115,6 +115,10 @@ def hopper_fwd_chain(config):
 # across the quad once per item (lane_sums; 4 shuffles and 4 adds fewer per step), in columns taking rotating turns
 # (fwd-lane-sums.md): D=128 non-causal 619/625 against 582/609 at 1k/2k, causal 446/541 against 438/532; D=64
 # 425/440/489 against 404/435/480 non-causal at 1k/2k/4k, causal 381/425 against 373/418 at 2k/4k.
+# Run 25 (fwd-skip-balanced.md, columns rotating): warpgroups past the sequence skip a cut-short last tile
+# (skip_idle) and light items go last, non-causal persistent grids taking single tiles (balanced): D=64 non-causal
+# 446/476/496/518/525 against 406/442/490/501/506 at 1k-16k; D=128 non-causal +0.6 to +3 %. D=128 causal below 2k
+# rows without the order: 416 against 432 at 1000 rows with it (that path spills 32 bytes there).
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True,

@@ -1,8 +1,9 @@
 """FlashAttention forward for Hopper (sm90), warp-specialized, in Gluon.
 
 A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a light
-one under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ...; either way the next
-item's loads overlap this one's tail. A loader warp streams each item's Q and the K and V tiles its rows may see
+one under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ... (non-causal: single
+tiles); either way the next item's loads overlap this one's tail. Light items (a last tile cut short enough that
+a consumer has no row in it, which that consumer skips; a head's one-tile middle pair) come after all the rest. A loader warp streams each item's Q and the K and V tiles its rows may see
 through a ring of shared-memory stages with TMA, each stage guarded by mbarriers (K ready, V ready, K free once
 every Q·Kᵀ read it, V free once every P·V did). Two consumer warpgroups (three with 192-row tiles, as D=64 takes),
 64 rows each, run the matrix products as asynchronous wgmma and the online softmax in registers (240 registers
@@ -80,7 +81,8 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr,
     n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the pairs (or
     tiles) of a head are neighbours, so programs running at once share its K and V in L2. With SCHEDULE ≥ 1
     the light work comes after all the rest, so the last round evens out the programs: a ragged last tile
-    (whose idle warpgroups skip it; SCHEDULE 2, non-causal: single tiles) and the one-tile middle pair."""
+    (whose idle warpgroups skip it; SCHEDULE 2, non-causal: single tiles) and the one-tile middle pair. Packed
+    sequences are ordered by the longest one's tiles."""
     rem = seqlen_q % BLOCK_M  # 0 < rem <= BLOCK_M - WG_M: the last Q tile leaves a warpgroup idle (Nq = 1: ints)
     ragged = (rem + BLOCK_M - 1) // BLOCK_M - (rem + WG_M - 1) // BLOCK_M
     if not SKIP_IDLE:
@@ -249,8 +251,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
               MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
               STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr,
-              SCHEDULE: gl.constexpr):
+              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
