@@ -46,15 +46,21 @@ def test_forward_compiles_for_sm90():
                 assert row["wgmma_rs"] == (row["wgmma"] if row["q_regs"] else row["wgmma"] // 2), row
 
 
-def _gluon_backward_rows(function):
-    """scripts/compile_sm90.py's ``function`` for non-causal and causal, in a process with the interpreter off."""
-    code = (f"import json, sys; sys.path.insert(0, 'scripts'); from compile_sm90 import {function}; "
-            f"print(json.dumps([{function}(c) for c in (False, True)]))")
+def _compiled_rows(rows_expr):
+    """The rows that ``rows_expr`` (a list of scripts/compile_sm90.py results; ``compile_sm90`` and
+    ``configs`` are imported) evaluates to, in a process with the interpreter off."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import compile_sm90; from flashtile import configs; "
+            f"print(json.dumps({rows_expr}))")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def _gluon_backward_rows(function):
+    """scripts/compile_sm90.py's ``function`` for non-causal and causal."""
+    rows = _compiled_rows(f"[compile_sm90.{function}(c) for c in (False, True)]")
     for row in rows:
         assert row["setmaxnreg"] > 0 and not row["serialized"], row
         assert row["tma_loads"] > 0 and row["shared"] <= SM90_SHARED_LIMIT, row
@@ -83,15 +89,8 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); from compile_sm90 import compile_hopper_fwd; "
-            "from flashtile.configs import HopperFwdConfig as C; "
-            "print(json.dumps([compile_hopper_fwd(64, c, C(192, 128, 3, 160, 128, persistent=True)) "
-            "for c in (False, True)]))")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for row in json.loads(result.stdout):
+    for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(192, 128, 3, 160, 128, "
+                              "persistent=True)) for c in (False, True)]"):
         assert row["setmaxnreg"] > 0 and not row["serialized"], row
         assert row["wgmma"] == 72 and row["shared"] <= SM90_SHARED_LIMIT, row  # 3 consumers x (4 + 4 + 8 + 8) k-steps
         assert row["local"] <= (68 if row["causal"] else 0), row
@@ -104,15 +103,8 @@ def test_hopper_forward_compiles_for_one_query_row():
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); from compile_sm90 import compile_hopper_fwd; "
-            "from flashtile import configs; "
-            "print(json.dumps([compile_hopper_fwd(d, False, c, seqlen=1) for d in (64, 128) "
-            "for c in configs.hopper_fwd_chain(configs.FWD_HOPPER[(d, False)])]))")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads(result.stdout)
+    rows = _compiled_rows("[compile_sm90.compile_hopper_fwd(d, False, c, seqlen=1) for d in (64, 128) "
+                          "for c in configs.hopper_fwd_chain(configs.FWD_HOPPER[(d, False)])]")
     assert len(rows) == 3
     for row in rows:
         assert row["setmaxnreg"] > 0 and not row["serialized"] and row["wgmma"] > 0, row
