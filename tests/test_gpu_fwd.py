@@ -64,13 +64,15 @@ def check_varlen(seqlens_q, seqlens_k, head_dim, causal):
 
 def check_hopper_config(cfg, head_dim, causal, monkeypatch):
     """``cfg`` forced onto ragged lengths, causal with Nq != Nk, GQA and MQA, fp16, packed sequences with empty
-    ones; then bitwise repeatable."""
+    ones and many short ones (a program's consecutive items then leave the same warpgroups idle); then bitwise
+    repeatable."""
     cfg = dataclasses.replace(cfg, min_seqlen_q=0, below=None)
     monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): cfg})
     for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
         check(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, causal)
     check(1, 4096, 4096, 4, 1, head_dim, torch.float16, causal)
     assert check_varlen([300, 0, 2048, 77, 193], [129, 40, 2048, 0, 500], head_dim, causal) is cfg
+    assert check_varlen([17, 40, 64, 1, 33] * 8, [17, 90, 64, 5, 200] * 8, head_dim, causal) is cfg
     q, k, v = (randn(2, 3000, 16, head_dim, dtype=torch.bfloat16) for _ in range(3))
     first = flashtile.flash_attn_func(q, k, v, causal=causal)
     assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))

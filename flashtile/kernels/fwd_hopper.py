@@ -281,6 +281,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 _take_turn(turn, wg, turns, PINGPONG)
                 _pass_turn(turn, wg, NUM_WG, PINGPONG)
                 _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, 0, n_tiles, STAGES, NUM_WG, PINGPONG)
+                if STAGE_K:  # as an epilogue does: no arrival for the next item before this item's phase is done
+                    mbarrier.wait(k_done.index(0), done & 1)
                 g += n_tiles
                 turns += n_tiles + 1
                 done += 1
