@@ -2,6 +2,8 @@
 the rows of each (batch, head), and the dispatch must only take calls the kernel covers. (The kernel
 itself runs on sm90 only: tests/test_gpu_fwd.py; it compiles for sm90 here: tests/test_compile_sm90.py.)"""
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,8 @@ import torch
 from flashtile import configs, ops
 from flashtile.kernels import fwd_hopper
 from flashtile.kernels.tiles import num_sms
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rows(view, row_base, col, n, head_dim):
@@ -257,3 +261,12 @@ def test_launch_arguments_with_three_consumer_warpgroups():
     assert kwargs["SCHEDULE"] == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
     assert args[0].block_shape == [64, 64]
     assert (kwargs["BLOCK_M"], kwargs["REGS"], kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
+
+
+def test_schedule_model_takes_every_tile_once():
+    """scripts/fwd_schedule_model.py (the grid model behind docs/perf.md forward v29) replicates the kernel's
+    _item: each of its orders takes every (head, Q tile) exactly once, for lengths 1-1,300 and grids of 1-132."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fwd_schedule_model
+    fwd_schedule_model.check_bijection()
+    assert fwd_schedule_model.busiest(2048, 256, 192, False, 2) < fwd_schedule_model.busiest(2048, 256, 192, False, 0)
