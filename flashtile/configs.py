@@ -61,8 +61,8 @@ class HopperFwdConfig:
     q_regs: bool = False  # Q·Kᵀ reads Q from registers (the wgmma's A operand), not shared memory
     lane_sums: bool = False  # each thread keeps its share of the row sums; the quad adds them once per item
     skip_idle: bool = True  # a consumer whose rows all lie past the sequence (a ragged last tile) only passes turns
-    balanced: bool = True  # light work items (ragged last tiles, one-tile middle pairs) last; non-causal persistent
-    # grids take single Q tiles, not pairs
+    balanced: bool = True  # light items (last tiles that leave a consumer idle, one-tile middle pairs) last;
+    # non-causal persistent grids take single Q tiles, not pairs
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 
@@ -118,7 +118,7 @@ def hopper_fwd_chain(config):
 # Run 25 (fwd-skip-balanced.md, columns rotating): warpgroups past the sequence skip a cut-short last tile
 # (skip_idle) and light items go last, non-causal persistent grids taking single tiles (balanced): D=64 non-causal
 # 446/476/496/518/525 against 406/442/490/501/506 at 1k-16k; D=128 non-causal +0.6 to +3 %. D=128 causal below 2k
-# rows without the order: 416 against 432 at 1000 rows with it (that path spills 32 bytes there).
+# rows without the order: with it 416 against 432 at 1000 rows (that path spills 32 bytes).
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True,
