@@ -245,10 +245,10 @@ def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
 def test_schedule_options_off(option, head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.skip_idle (a consumer whose rows all lie past the sequence only passes the turns and
     frees the stages) and .balanced (light items last; non-causal persistent grids take single Q tiles) are on in
-    the shipped configs (balanced is off in D=128 causal below 2k rows), which the rest of the suite runs; here each
-    is turned off in the head dim's top config. check_hopper_config's lengths 17, 203, 1023, 4096, the packed 300
-    and the 40 packed short ones leave one or two warpgroups of a last tile idle, and its outputs start as NaN, so
-    a tile that no program takes shows."""
+    the shipped configs (balanced is off in D=128 causal below 2k rows and at D=256), which the rest of the suite
+    runs; here each is turned off in the head dim's top config. check_hopper_config's lengths 17, 203, 1023, 4096,
+    the packed 300 and the 40 packed short ones leave one or two warpgroups of a last tile idle, and its outputs
+    start as NaN, so a tile that no program takes shows."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     cfg = configs.FWD_HOPPER[(head_dim, causal)]

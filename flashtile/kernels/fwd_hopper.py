@@ -100,8 +100,6 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr,
         pair = gl.program_id(0) + w // 2 * gl.num_programs(0)
         side = w % 2
         n_half = (n_m + 1) // 2
-        bh = pair // n_half
-        j = pair % n_half
         if SCHEDULE == 1:
             n_light = gl.minimum(ragged + n_m % 2, n_half)  # pairs j = 0 (ragged) and n_half - 1 (n_m odd)
             n_heavy = n_half - n_light
@@ -110,6 +108,9 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr,
             if pair >= n_bh * n_heavy:
                 bh = (pair - n_bh * n_heavy) // n_light
                 j = ((pair - n_bh * n_heavy) % n_light + 1 - ragged) * (n_half - 1)
+        else:
+            bh = pair // n_half
+            j = pair % n_half
         m = j + (1 - side) * (n_m - 1 - 2 * j) + side * (2 * j == n_m - 1).to(gl.int32) * (n_m - j)
     return bh, m
 
@@ -283,9 +284,6 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, 0, n_tiles, STAGES, NUM_WG, PINGPONG)
                 if STAGE_K:  # as an epilogue does: no arrival for the next item before this item's phase is done
                     mbarrier.wait(k_done.index(0), done & 1)
-                g += n_tiles
-                turns += n_tiles + 1
-                done += 1
             else:
                 offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
                 m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -362,10 +360,6 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 mbarrier.arrive(v_free.index(last))
                 _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
                             PINGPONG)
-                g += n_tiles
-                turns += n_tiles + 1
-                k_done_phase = done & 1
-                done += 1
 
                 o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
                 lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
@@ -382,7 +376,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
                     out = gl.convert_layout(out, store_layout)
                 elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
-                    mbarrier.wait(k_done.index(0), k_done_phase)  # every consumer's last Q·Kᵀ has read that tile
+                    mbarrier.wait(k_done.index(0), done & 1)  # every consumer's last Q·Kᵀ has read that tile
                     o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
                     o_tile.store(out)
                     out = o_tile.load(store_layout)
@@ -400,6 +394,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                     gl.store(ptrs, out, mask=(rows < sq)[:, None])
                 if STAGE_K:
                     mbarrier.arrive(k_free.index(last))
+            g += n_tiles
+            turns += n_tiles + 1
+            done += 1
     if STAGE_O:
         tma.store_wait(0)  # the tiles outlive no store that reads them
 
