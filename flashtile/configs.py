@@ -81,7 +81,7 @@ def hopper_fwd_chain(config):
 # non-causal, the persistent grid with the softmax under the previous P·V: 547/625/601/629 against
 # 501/582/595/609 with neither. Causal, the persistent grid without the overlap: 396/503/546/588 against
 # 355/471/536/617 with one program per pair, so persistent only up to 4k query rows (the overlap: 355/482/
-# 533/612, and 104 bytes of spills). D=256 fits two 64-key stages beside its 64 KB Q tile (not swept).
+# 533/612, and 104 bytes of spills). D=256 fits two 64-key stages beside its 64 KB Q tile (its switches: run 26).
 # D=64 (docs/results/bench-v7.md, same run as the portable kernel, N = 1k/2k/4k/8k/16k): non-causal, the
 # persistent grid with the overlap 387/423/434/443/448 against the portable 426/414/422/429/437, so from 2k
 # query rows; causal 284/357/395/420/438 against 325/361/392/438/425, no clear win: causal stays portable.
@@ -120,6 +120,10 @@ def hopper_fwd_chain(config):
 # 446/476/496/518/525 against 406/442/490/501/506 at 1k-16k; D=128 non-causal +0.6 to +3 %. D=128 causal below 2k
 # rows without the order: with it 416 against 432 at 1000 rows (that path spills 32 bytes). D=256, not measured, keeps
 # the previous order (with it, 24 bytes of spills where it had none).
+# Run 26 (fwd-d256.md, N = 1k/2k/4k/8k/16k, columns rotating): D=256 with the persistent grid, light items last, the
+# softmax under P·V, P to 16 bits each step, row sums per lane and no turns: non-causal 566/622/643/657/682 against
+# 536/583/596/614/650 with none of them, causal 414/528/585/629/693 against 391/497/525/582/642 (with turns
+# 552/618/627/642/658 and 418/524/581/636/654).
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True,
@@ -136,8 +140,10 @@ FWD_HOPPER = {
                                  below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True,
                                                        persistent_max_seqlen=4096, o_kstage=True, early_p=True,
                                                        lane_sums=True, o_tma=True, balanced=False)),
-    (256, False): HopperFwdConfig(128, 64, 2, balanced=False),
-    (256, True): HopperFwdConfig(128, 64, 2, balanced=False),
+    (256, False): HopperFwdConfig(128, 64, 2, pingpong=False, overlap_pv=True, persistent=True, early_p=True,
+                                  lane_sums=True),
+    (256, True): HopperFwdConfig(128, 64, 2, pingpong=False, overlap_pv=True, persistent=True, early_p=True,
+                                 lane_sums=True),
 }
 
 # Which forward kernel sm90 uses: "auto" (the Hopper kernel where it applies, else the portable one) or

@@ -171,6 +171,22 @@ def test_d64_causal_configs(rows, forward_backend, monkeypatch):
     check_hopper_config(three if rows == "long" else three.below, 64, True, monkeypatch)
 
 
+D256_OPTIONS = {"shipped": {}, "turns": dict(pingpong=True),
+                "plain": dict(pingpong=True, overlap_pv=False, persistent=False, early_p=False, lane_sums=False,
+                              balanced=False)}
+
+
+@pytest.mark.parametrize("options", list(D256_OPTIONS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d256_options(causal, options, forward_backend, monkeypatch):
+    """D=256's config (64-key tiles, two stages), as shipped, with turns, and with none of its switches (run 25's
+    config), forced onto every shape."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's tile config")
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(256, causal)], **D256_OPTIONS[options])
+    check_hopper_config(cfg, 256, causal, monkeypatch)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.o_kstage (D=128: O turned into 16-byte row runs through each consumer's rows of the
@@ -245,10 +261,10 @@ def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
 def test_schedule_options_off(option, head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.skip_idle (a consumer whose rows all lie past the sequence only passes the turns and
     frees the stages) and .balanced (light items last; non-causal persistent grids take single Q tiles) are on in
-    the shipped configs (balanced is off in D=128 causal below 2k rows and at D=256), which the rest of the suite
-    runs; here each is turned off in the head dim's top config. check_hopper_config's lengths 17, 203, 1023, 4096,
-    the packed 300 and the 40 packed short ones leave one or two warpgroups of a last tile idle, and its outputs
-    start as NaN, so a tile that no program takes shows."""
+    the shipped configs (balanced is off in D=128 causal below 2k rows; test_d256_options runs D=256 without it),
+    which the rest of the suite runs; here each is turned off in the head dim's top config. check_hopper_config's
+    lengths 17, 203, 1023, 4096, the packed 300 and the 40 packed short ones leave one or two warpgroups of a last
+    tile idle, and its outputs start as NaN, so a tile that no program takes shows."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     cfg = configs.FWD_HOPPER[(head_dim, causal)]

@@ -1,24 +1,24 @@
 """FlashAttention forward for Hopper (sm90), warp-specialized, in Gluon.
 
-A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a light
-one under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ... (non-causal: single
-tiles); either way the next item's loads overlap this one's tail. Light items (a last tile cut short enough that a
-consumer has no row in it, which that consumer skips; a head's one-tile middle pair) come after all the rest. A
-loader warp streams each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with
-TMA, each stage guarded by mbarriers (K ready, V ready, K free once every Q·Kᵀ read it, V free once every P·V did).
-Two consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix products as
-asynchronous wgmma and the online softmax in registers (240 registers each with two, 160 with three; the loader
-keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j-1, then runs the softmax of tile j; the
-consumers take turns at the tensor cores (ping-pong, in a ring; a config switch, off only in D=64 causal's
-two-warpgroup config), so that one's softmax runs under the others' products. O leaves in 16-byte runs of a row, not
-in the wgmma layout's 4-byte pieces: D=64 converts through triton's scratch, D=128 (no shared memory to spare)
-through its rows of the item's last K tile (STAGE_K: a barrier waits for every consumer's last Q·Kᵀ, and that K is
-freed after the epilogue); with two K/V stages D=128 has room for an O tile per consumer instead, which a TMA store
-reads while the next item runs (STAGE_O, where O's rows map as Q's). D=128 turns P to 16 bits at the end of each
-step (EARLY_P), so that its fp32 copy is not alive beside the next scores, and from 2k rows keeps Q in registers as
-Q·Kᵀ's A operand (Q_REGS): shared memory then feeds only K and V to the tensor cores, and the loader may refill a
-consumer's Q tile at the start of the item. Each thread keeps its own share of the row sums of P (LANE_SUMS), which
-the four lanes holding a row add once per item, not every step.
+A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a light one
+under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ... (non-causal: single tiles);
+either way the next item's loads overlap this one's tail. Light items (a last tile cut short enough that a consumer
+has no row in it, which that consumer skips; a head's one-tile middle pair) come after all the rest. A loader warp
+streams each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
+stage guarded by mbarriers (K ready, V ready, K free once every Q·Kᵀ read it, V free once every P·V did). Two
+consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix products as asynchronous
+wgmma and the online softmax in registers (240 registers each with two, 160 with three; the loader keeps 24). Each
+step a consumer issues Q·Kᵀ of tile j with P·V of tile j-1, then runs the softmax of tile j; the consumers take turns
+at the tensor cores (ping-pong, in a ring; a config switch, off in D=64 causal's two-warpgroup config and at D=256),
+so that one's softmax runs under the others' products. O leaves in 16-byte runs of a row, not in the wgmma layout's
+4-byte pieces: D=64 converts through triton's scratch, D=128 (no shared memory to spare) through its rows of the
+item's last K tile (STAGE_K: a barrier waits for every consumer's last Q·Kᵀ, and that K is freed after the epilogue);
+with two K/V stages D=128 has room for an O tile per consumer instead, which a TMA store reads while the next item
+runs (STAGE_O, where O's rows map as Q's). D=128 turns P to 16 bits at the end of each step (EARLY_P; D=256 too), so
+that its fp32 copy is not alive beside the next scores, and from 2k rows keeps Q in registers as Q·Kᵀ's A operand
+(Q_REGS): shared memory then feeds only K and V to the tensor cores, and the loader may refill a consumer's Q tile at
+the start of the item. Each thread keeps its own share of the row sums of P (LANE_SUMS), which the four lanes holding
+a row add once per item, not every step.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
