@@ -165,8 +165,41 @@ def _compile_gluon(kernel, args, kwargs):
                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
                 local=int(spills.group(1)) if spills else -1,
                 tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report,
+                mbarrier_reuse=mbarrier_reuse(ptx),
                 global_stores={"all": ptx.count("st.global"), "v2": ptx.count("st.global.v2"),
                                "v4": ptx.count("st.global.v4")})
+
+
+def mbarrier_reuse(ptx):
+    """Offsets of initialized mbarriers that a plain shared-memory access of the kernel may also touch. Triton may
+    place a layout conversion's scratch in a barrier's bytes once the barrier is dead, and the PTX ISA leaves reusing
+    an mbarrier's memory before mbarrier.inval undefined (docs/perf.md, forward v33). A plain access at base offset
+    c is taken to cover c up to the next base of its run (bases a power of two apart, as a scratch per warpgroup is
+    laid out), else 16 bytes (one vector store)."""
+    lines = ptx.splitlines()
+    consts = {}
+    barriers = set()
+    for i, line in enumerate(lines):
+        m = re.search(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", line)
+        if m:
+            consts[m.group(1)] = int(m.group(2))
+        m = re.search(r"mbarrier\.init\S*\s+\[(%r\d+)\]", line)
+        if m and m.group(1) in consts:
+            barriers.add(consts[m.group(1)])
+    bases = set()
+    for line in lines:
+        if "mbarrier" in line or not re.search(r"\b(st|ld)\.shared|ldmatrix|stmatrix", line):
+            continue
+        m = re.search(r"\[(%r\d+)(?:\+(\d+))?\]", line)
+        if m and (m.group(2) or m.group(1) in consts):
+            bases.add(int(m.group(2)) if m.group(2) else consts[m.group(1)])
+    bases = sorted(bases)
+    hits = set()
+    gaps = [b - a for a, b in zip(bases, bases[1:])]
+    for i, c in enumerate(bases):
+        runs = [g for g in gaps[max(i - 1, 0):i + 1] if g & (g - 1) == 0]  # the gaps either side of c
+        hits.update(b for b in barriers if c <= b < c + max(runs + [16]))
+    return sorted(hits)
 
 
 def _ptxas():

@@ -430,11 +430,14 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # every P·V read V
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(k_done.index(0), count=NUM_WG)
+    # unused barriers stay uninitialized: triton may reuse their bytes as scratch, undefined for an mbarrier (perf v33)
+    if STAGE_K:
+        mbarrier.init(k_done.index(0), count=NUM_WG)
     for i in gl.static_range(NUM_WG):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(q_free.index(i), count=1)
-        mbarrier.init(turn.index(i), count=1)
+        if PINGPONG:
+            mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
