@@ -179,7 +179,7 @@ def mbarrier_reuse(ptx):
     lines = ptx.splitlines()
     consts = {}
     barriers = set()
-    for i, line in enumerate(lines):
+    for line in lines:
         m = re.search(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", line)
         if m:
             consts[m.group(1)] = int(m.group(2))

@@ -109,3 +109,17 @@ def test_hopper_forward_compiles_for_one_query_row():
     assert len(rows) == 3
     for row in rows:
         assert row["setmaxnreg"] > 0 and not row["serialized"] and row["wgmma"] > 0, row
+
+
+def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
+    """scripts/compile_sm90.py's mbarrier_reuse on PTX shaped like the D=64 forward's before v33: the O conversion's
+    scratch (two warpgroups, 2 KB apart) starting on an initialized barrier is reported, barriers past it are not."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compile_sm90 import mbarrier_reuse
+    init = "add.s32 %r{0}, %r9, {1};\n@%p1 mbarrier.init.shared::cta.b64 [%r{0}], 1;\n"
+    ptx = init.format(1, 4096) + init.format(2, 4104) + init.format(3, 8192)
+    scratch = "st.shared.v4.b32 [%r5+0], {%r6, %r7, %r8, %r9};\nst.shared.v4.b32 [%r5+2048], {%r6, %r7, %r8, %r9};\n"
+    assert mbarrier_reuse(ptx + scratch.replace("+0]", "+4096]").replace("+2048]", "+6144]")) == [4096, 4104]
+    assert mbarrier_reuse(ptx + scratch) == []  # scratch at 0 and 2048, barriers from 4096
+    assert mbarrier_reuse(ptx + "ld.shared.v4.b32 {%r4, %r5, %r6, %r7}, [%r3+8176];\n") == []  # 16 bytes below it
+
