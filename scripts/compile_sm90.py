@@ -173,19 +173,21 @@ def _compile_gluon(kernel, args, kwargs):
 def mbarrier_reuse(ptx):
     """Offsets of initialized mbarriers that a plain shared-memory access of the kernel may also touch. Triton may
     place a layout conversion's scratch in a barrier's bytes once the barrier is dead, and the PTX ISA leaves reusing
-    an mbarrier's memory before mbarrier.inval undefined (docs/perf.md, forward v33). A plain access at base offset
+    an mbarrier's memory before mbarrier.inval undefined (docs/perf.md, forward v33; triton's own pipelined loops
+    invalidate theirs, so barriers with an mbarrier.inval count as released). A plain access at base offset
     c is taken to cover c up to the next base of its run (bases a power of two apart, as a scratch per warpgroup is
     laid out), else 16 bytes (one vector store)."""
     lines = ptx.splitlines()
     consts = {}
-    barriers = set()
+    barriers = {"init": set(), "inval": set()}
     for line in lines:
         m = re.search(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", line)
         if m:
             consts[m.group(1)] = int(m.group(2))
-        m = re.search(r"mbarrier\.init\S*\s+\[(%r\d+)\]", line)
-        if m and m.group(1) in consts:
-            barriers.add(consts[m.group(1)])
+        m = re.search(r"mbarrier\.(init|inval)\S*\s+\[(%r\d+)\]", line)
+        if m and m.group(2) in consts:
+            barriers[m.group(1)].add(consts[m.group(2)])
+    barriers = barriers["init"] - barriers["inval"]
     bases = set()
     for line in lines:
         if "mbarrier" in line or not re.search(r"\b(st|ld)\.shared|ldmatrix|stmatrix", line):

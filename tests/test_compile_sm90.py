@@ -113,7 +113,8 @@ def test_hopper_forward_compiles_for_one_query_row():
 
 def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
     """scripts/compile_sm90.py's mbarrier_reuse on PTX shaped like the D=64 forward's before v33: the O conversion's
-    scratch (two warpgroups, 2 KB apart) starting on an initialized barrier is reported, barriers past it are not."""
+    scratch (two warpgroups, 2 KB apart) starting on an initialized barrier is reported, barriers past it are not, nor
+    barriers released by mbarrier.inval first (as triton's own pipelined loops do)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from compile_sm90 import mbarrier_reuse
     init = "add.s32 %r{0}, %r9, {1};\n@%p1 mbarrier.init.shared::cta.b64 [%r{0}], 1;\n"
@@ -121,5 +122,7 @@ def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
     scratch = "st.shared.v4.b32 [%r5+0], {%r6, %r7, %r8, %r9};\nst.shared.v4.b32 [%r5+2048], {%r6, %r7, %r8, %r9};\n"
     assert mbarrier_reuse(ptx + scratch.replace("+0]", "+4096]").replace("+2048]", "+6144]")) == [4096, 4104]
     assert mbarrier_reuse(ptx + scratch) == []  # scratch at 0 and 2048, barriers from 4096
+    released = ptx + "@%p1 mbarrier.inval.shared::cta.b64 [%r1];\n@%p1 mbarrier.inval.shared::cta.b64 [%r2];\n"
+    assert mbarrier_reuse(released + scratch.replace("+0]", "+4096]").replace("+2048]", "+6144]")) == []
     assert mbarrier_reuse(ptx + "ld.shared.v4.b32 {%r4, %r5, %r6, %r7}, [%r3+8176];\n") == []  # 16 bytes below it
 
