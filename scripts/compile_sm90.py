@@ -179,15 +179,15 @@ def mbarrier_reuse(ptx):
     laid out), else 16 bytes (one vector store)."""
     lines = ptx.splitlines()
     consts = {}
-    barriers = {"init": set(), "inval": set()}
+    seen = {"init": set(), "inval": set()}  # offsets of barriers set up and of barriers released
     for line in lines:
         m = re.search(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", line)
         if m:
             consts[m.group(1)] = int(m.group(2))
         m = re.search(r"mbarrier\.(init|inval)\S*\s+\[(%r\d+)\]", line)
         if m and m.group(2) in consts:
-            barriers[m.group(1)].add(consts[m.group(2)])
-    barriers = barriers["init"] - barriers["inval"]
+            seen[m.group(1)].add(consts[m.group(2)])
+    barriers = seen["init"] - seen["inval"]
     bases = set()
     for line in lines:
         if "mbarrier" in line or not re.search(r"\b(st|ld)\.shared|ldmatrix|stmatrix", line):
