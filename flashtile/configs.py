@@ -63,6 +63,9 @@ class HopperFwdConfig:
     skip_idle: bool = True  # a consumer whose rows all lie past the sequence (a ragged last tile) only passes turns
     balanced: bool = True  # light items (last tiles that leave a consumer idle, one-tile middle pairs) last;
     # non-causal persistent grids take single Q tiles, not pairs
+    claims: int = 0  # causal persistent grids, equal lengths: each program claims its next item from a counter as
+    # it becomes free: pairs in head order, then single tiles heaviest first of the last heads, about this many rounds
+    # of pairs (0: program p takes items p, p + grid, ...)
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 

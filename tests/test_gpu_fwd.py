@@ -270,3 +270,58 @@ def test_schedule_options_off(option, head_dim, causal, forward_backend, monkeyp
     cfg = configs.FWD_HOPPER[(head_dim, causal)]
     assert getattr(cfg, option)
     check_hopper_config(dataclasses.replace(cfg, **{option: False}), head_dim, causal, monkeypatch)
+
+
+def _claims_configs():
+    for head_dim in (64, 128):
+        for i, cfg in enumerate(configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, True)])):
+            yield pytest.param(head_dim, i, id=f"d{head_dim}-config{i}")
+
+
+@pytest.mark.parametrize("head_dim, which", list(_claims_configs()))
+def test_claims(head_dim, which, forward_backend, monkeypatch):
+    """configs.HopperFwdConfig.claims (causal persistent grids claim each item from a counter: pairs of Q tiles in
+    head order, then the last heads' tiles one at a time) forced onto each causal config of the head dim; 4 x 64
+    heads of 1000 rows take pairs, then single tiles. Each launch's last claim sets the counter back to 0."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    from flashtile.kernels import fwd_hopper
+    cfg = list(configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, True)]))[which]
+    cfg = dataclasses.replace(cfg, claims=cfg.claims or 2, persistent_max_seqlen=1 << 31)
+    check_hopper_config(cfg, head_dim, True, monkeypatch)
+    check(4, 1000, 1000, 64, 8, head_dim, torch.bfloat16, True)
+    torch.cuda.synchronize()
+    assert fwd_hopper._COUNTERS and all(int(c) == 0 for c in fwd_hopper._COUNTERS.values())
+
+
+def test_claims_under_cuda_graph(forward_backend, monkeypatch):
+    """A stream's counter is made outside capture: a graph captured on a stream without one takes the static order
+    (as eager calls without claims do, so both are warmed up first), one captured after a call on its stream
+    claims; both replay to the eager result, and the counter is 0 after each replay."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    from flashtile.kernels import fwd_hopper
+    q, k, v = (randn(4, 1000, 32, 128, dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], claims=0, min_seqlen_q=0, below=None)
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(128, True): cfg})
+    expected = flashtile.flash_attn_func(q, k, v, causal=True)
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(128, True): dataclasses.replace(cfg, claims=2)})
+    assert torch.equal(flashtile.flash_attn_func(q, k, v, causal=True), expected)
+    for warm in (False, True):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        if warm:
+            with torch.cuda.stream(stream):
+                flashtile.flash_attn_func(q, k, v, causal=True)
+        key = (q.device, stream.cuda_stream)
+        assert (key in fwd_hopper._COUNTERS) == warm
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = flashtile.flash_attn_func(q, k, v, causal=True)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, expected)
+        assert (key in fwd_hopper._COUNTERS) == warm
+        assert not warm or int(fwd_hopper._COUNTERS[key]) == 0

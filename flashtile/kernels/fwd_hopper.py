@@ -25,6 +25,7 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
+import dataclasses
 import functools
 
 import torch
@@ -37,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .online_softmax import LN2, LOG2E, online_softmax_step
-from .replay import Replay, Replays, aligned, detach_descriptor
+from .replay import Replay, Replays, aligned, detach_descriptor, stream_handle
 from .tiles import cdiv, num_sms
 
 WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
@@ -119,10 +120,19 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr,
 def _tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
           seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
           BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
-    """This program's w-th work item (see _item), a BLOCK_M-row Q tile of one head. Returns the tile's first
+    """This program's w-th work item (see _item): _tile_at of its head and Q tile."""
+    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE, SKIP_IDLE)
+    return _tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+                    seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+
+
+@gluon.jit
+def _tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+             seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+             IS_VARLEN: gl.constexpr):
+    """Q tile m of head bh (of the batch): the tile's first
     row (past the sequence for the second side of an odd middle pair), batch, head, both sequences' first rows
     and lengths in the 2-D views, the causal offset, the K/V tiles it visits and how many of them are whole."""
-    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE, SKIP_IDLE)
     start_m = m * BLOCK_M
     b = bh // nheads
     h = bh % nheads
@@ -145,37 +155,116 @@ def _tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_r
 
 
 @gluon.jit
+def _lpt_item(i, side, n_m, n_bh, tail_heads):
+    """SCHEDULE 3 (causal, one program per SM): (head, Q tile, whether a second tile follows) of side 0 or 1 of
+    the i-th item of one order that the programs claim from a counter as each becomes free. The items are pairs of
+    Q tiles (n_m − 1 − j, j) in head order, then the last tail_heads heads' tiles one at a time, heaviest first:
+    the last claims are small, and the programs finish together."""
+    n_half = (n_m + 1) // 2
+    n_pairs = (n_bh - tail_heads) * n_half
+    t = gl.maximum(i - n_pairs, 0)
+    bh = n_bh - tail_heads + t % tail_heads
+    m = n_m - 1 - t // tail_heads
+    two = i < 0
+    if i < n_pairs:
+        bh = i // n_half
+        j = i % n_half
+        m = j + (1 - side) * (n_m - 1 - 2 * j)
+        two = (side == 0) & (2 * j != n_m - 1)
+    return bh, m, two
+
+
+@gluon.jit
+def _claimed(code_smem, q_bar, wg: gl.constexpr, done):
+    """SCHEDULE 3: the code (bh · n_m + m, or -1: no more) of this consumer's next Q tile, which the loader writes
+    beside its Q rows."""
+    mbarrier.wait(q_bar.index(wg), done & 1)
+    return gl.max(code_smem.index(wg).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+
+
+@gluon.jit
+def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+               code_smem, code, counter, claim, claimed, n_work, g, done, start_m, h, q_row, k_row, n_tiles, q_col_h,
+               k_col_h, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               SCHEDULE: gl.constexpr, ATOMIC: gl.constexpr = True):
+    """One item: each consumer's Q rows once that consumer freed the previous ones (SCHEDULE 3: with the tile's
+    code), then K and V of each tile into the next ring stage, each once every consumer freed its own. With
+    ``claim``, the next item's number is claimed from ``counter`` after the first tile's loads, where the loader
+    would wait for a free stage anyway (the atomic's round trip, ~1 µs, at the start of an item delays its
+    loads); returns (g, claimed)."""
+    for i in gl.static_range(BLOCK_M // WG_M):
+        mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
+        if SCHEDULE >= 3:
+            code_smem.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+        mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0], h * q_col_h],
+                                        q_bar.index(i), q_smem.index(i))
+    for j in range(n_tiles):
+        stage = g % STAGES
+        mbarrier.wait(k_free.index(stage), ((g // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
+                                        k_ready.index(stage), k_smem.index(stage))
+        mbarrier.wait(v_free.index(stage), ((g // STAGES) & 1) ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
+                                        v_ready.index(stage), v_smem.index(stage))
+        g += 1
+        if SCHEDULE == 3:
+            if claim and j == 0:
+                claimed = gl.atomic_add(counter, 1) if ATOMIC else claimed + 1
+                if claimed == n_work - 1:  # the launch's last claim: the next launch counts from 0 again
+                    gl.atomic_xchg(counter, 0)
+    return g, claimed
+
+
+@gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-                    cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
-                    seqlen_k, nheads, group, n_m, n_bh, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                    SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
-    """One warp: for each work item of this program, each consumer's Q rows once that consumer freed the
-    previous ones, then K and V of each tile into the next ring stage, each once every consumer freed its own."""
+                    code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                    k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                    IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
+    """One warp: each of this program's work items in turn (_load_item). SCHEDULE 3 claims the next item from
+    ``counter`` during each item's first side, and ends by handing each consumer the code -1."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
-    for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
-        start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
-        if start_m < sq:
-            for i in gl.static_range(BLOCK_M // WG_M):
-                mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
-                mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0],
-                                                         h * q_col_h], q_bar.index(i), q_smem.index(i))
-            for j in range(n_tiles):
-                stage = g % STAGES
-                mbarrier.wait(k_free.index(stage), ((g // STAGES) & 1) ^ 1)
-                mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
-                                                k_ready.index(stage), k_smem.index(stage))
-                mbarrier.wait(v_free.index(stage), ((g // STAGES) & 1) ^ 1)
-                mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
-                                                v_ready.index(stage), v_smem.index(stage))
-                g += 1
+    if SCHEDULE >= 3:
+        n_work = (n_bh - tail_heads) * ((n_m + 1) // 2) + tail_heads * n_m
+        i = gl.program_id(0)
+        side = 0
+        claimed = 0
+        while i < n_work:
+            bh, m, two = _lpt_item(i, side, n_m, n_bh, tail_heads)
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
+                bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
+                seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            g, claimed = _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
+                                    k_free, v_free, code_smem, bh * n_m + m, counter, side == 0, claimed, n_work, g,
+                                    done, start_m, h, q_row, k_row, n_tiles, q_col_h, k_col_h, group, BLOCK_M,
+                                    BLOCK_N, STAGES, SCHEDULE)
             done += 1
+            if two:
+                side = 1
+            else:
+                side = 0
+                if SCHEDULE == 3:
+                    i = claimed + gl.num_programs(0)
+                else:
+                    i += gl.num_programs(0)
+        for s in gl.static_range(BLOCK_M // WG_M):
+            mbarrier.wait(q_free.index(s), (done & 1) ^ 1)
+            code_smem.index(s).store(gl.full([1], -1, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+            mbarrier.arrive(q_bar.index(s))
+    else:
+        for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
+                w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
+            if start_m < sq:
+                g, _ = _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
+                                  k_free, v_free, code_smem, 0, counter, False, 0, 0, g, done, start_m, h, q_row,
+                                  k_row, n_tiles, q_col_h, k_col_h, group, BLOCK_M, BLOCK_N, STAGES, SCHEDULE)
+                done += 1
 
 
 @gluon.jit
@@ -246,18 +335,14 @@ def _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg: gl.constexpr, g, tur
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-              k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-              k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m,
-              n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-              MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr):
-    """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
-    Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
-    (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
-    runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done."""
+def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+                  k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g, turns, done,
+                  q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr,
+                  OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P: gl.constexpr,
+                  STAGE_O: gl.constexpr, Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr):
+    """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -266,151 +351,186 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
     dtype: gl.constexpr = q_smem.dtype
     q_wg = q_smem.index(wg)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
+    if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
+        mbarrier.wait(q_bar.index(wg), done & 1)
+        mbarrier.arrive(q_free.index(wg))
+        if STAGE_K:
+            mbarrier.arrive(k_done.index(0))
+        _take_turn(turn, wg, turns, PINGPONG)
+        _pass_turn(turn, wg, NUM_WG, PINGPONG)
+        _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, 0, n_tiles, STAGES, NUM_WG, PINGPONG)
+        if STAGE_K:  # as an epilogue does: no arrival for the next item before this item's phase is done
+            mbarrier.wait(k_done.index(0), done & 1)
+    else:
+        offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
+
+        n_own = n_tiles
+        if CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
+            first = start_m + wg * WG_M
+            n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
+            n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
+        mbarrier.wait(q_bar.index(wg), done & 1)
+        if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
+            q_op = q_wg.load(register_operand_layout(s_layout))
+            fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
+            mbarrier.arrive(q_free.index(wg))
+        else:
+            q_op = q_wg
+        mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
+        _take_turn(turn, wg, turns, PINGPONG)
+        s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        _pass_turn(turn, wg, NUM_WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
+        if n_own == 1:
+            if not Q_REGS:
+                mbarrier.arrive(q_free.index(wg))
+            if STAGE_K:
+                mbarrier.arrive(k_done.index(0))
+        if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
+            mbarrier.arrive(k_free.index(g % STAGES))
+        p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                 CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                               EXP2_FMA)
+        l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
+        p = _operand(p, p_layout, dtype, EARLY_P)
+        for j in range(1, n_own):
+            stage = (g + j) % STAGES
+            prev = (g + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
+            _take_turn(turn, wg, turns + j, PINGPONG)
+            s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            p_op = _operand(p, p_layout, dtype, not EARLY_P)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            _pass_turn(turn, wg, NUM_WG, PINGPONG)
+            # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
+            if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
+                s = warpgroup_mma_wait(1, deps=(s, ))
+            else:
+                s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+                mbarrier.arrive(v_free.index(prev))
+            if j == n_own - 1:
+                if not Q_REGS:
+                    mbarrier.arrive(q_free.index(wg))
+                if STAGE_K:
+                    mbarrier.arrive(k_done.index(0))
+            if not STAGE_K or j < n_own - 1:
+                mbarrier.arrive(k_free.index(stage))
+            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                     CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                   EXP2_FMA)
+            l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
+            if OVERLAP_PV:
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                mbarrier.arrive(v_free.index(prev))
+            p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        last = (g + n_own - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
+        _take_turn(turn, wg, turns + n_own, PINGPONG)
+        acc = warpgroup_mma(_operand(p, p_layout, dtype, not EARLY_P), v_smem.index(last), acc, is_async=True)
+        _pass_turn(turn, wg, NUM_WG, PINGPONG)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(v_free.index(last))
+        _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
+                    PINGPONG)
+
+        o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+        lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+        if IS_VARLEN:
+            o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
+            lse_offset = h.to(gl.int64) * stride_lh + q_row
+        if LANE_SUMS:
+            l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
+        empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+        gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
+        inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
+        out = (acc * inv_l[:, None]).to(dtype)
+        if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
+            out = gl.convert_layout(out, store_layout)
+        elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
+            mbarrier.wait(k_done.index(0), done & 1)  # every consumer's last Q·Kᵀ has read that tile
+            o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
+            o_tile.store(out)
+            out = o_tile.load(store_layout)
+            fence_async_shared()  # these writes land before the loader's next TMA load into the tile
+        rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
+        ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
+        if STAGE_O and start_m + (wg + 1) * WG_M <= sq:  # rows all in the sequence: a TMA store from shared
+            o_wg = o_smem.index(wg)
+            tma.store_wait(0)  # the previous item's O has left this tile
+            o_wg.store(out)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
+        else:
+            gl.store(ptrs, out, mask=(rows < sq)[:, None])
+        if STAGE_K:
+            mbarrier.arrive(k_free.index(last))
+
+
+@gluon.jit
+def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+              code_smem, k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+              k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
+              group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES:
+              gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY:
+              gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K:
+              gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr,
+              SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr):
+    """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
+    Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
+    (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
+    runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done."""
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
-    for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
-        start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
-            w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-            seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
-        if start_m < sq:
-            if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
-                mbarrier.wait(q_bar.index(wg), done & 1)
-                mbarrier.arrive(q_free.index(wg))
-                if STAGE_K:
-                    mbarrier.arrive(k_done.index(0))
-                _take_turn(turn, wg, turns, PINGPONG)
-                _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, 0, n_tiles, STAGES, NUM_WG, PINGPONG)
-                if STAGE_K:  # as an epilogue does: no arrival for the next item before this item's phase is done
-                    mbarrier.wait(k_done.index(0), done & 1)
-            else:
-                offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
-                m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-                acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
-
-                n_own = n_tiles
-                if CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
-                    first = start_m + wg * WG_M
-                    n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
-                    n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
-                mbarrier.wait(q_bar.index(wg), done & 1)
-                if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
-                    q_op = q_wg.load(register_operand_layout(s_layout))
-                    fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
-                    mbarrier.arrive(q_free.index(wg))
-                else:
-                    q_op = q_wg
-                mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
-                _take_turn(turn, wg, turns, PINGPONG)
-                s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-                _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
-                if n_own == 1:
-                    if not Q_REGS:
-                        mbarrier.arrive(q_free.index(wg))
-                    if STAGE_K:
-                        mbarrier.arrive(k_done.index(0))
-                if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
-                    mbarrier.arrive(k_free.index(g % STAGES))
-                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                         CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                       EXP2_FMA)
-                l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
-                p = _operand(p, p_layout, dtype, EARLY_P)
-                for j in range(1, n_own):
-                    stage = (g + j) % STAGES
-                    prev = (g + j - 1) % STAGES
-                    mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
-                    mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
-                    _take_turn(turn, wg, turns + j, PINGPONG)
-                    s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    p_op = _operand(p, p_layout, dtype, not EARLY_P)
-                    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                    _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                    # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
-                    if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
-                        s = warpgroup_mma_wait(1, deps=(s, ))
-                    else:
-                        s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-                        mbarrier.arrive(v_free.index(prev))
-                    if j == n_own - 1:
-                        if not Q_REGS:
-                            mbarrier.arrive(q_free.index(wg))
-                        if STAGE_K:
-                            mbarrier.arrive(k_done.index(0))
-                    if not STAGE_K or j < n_own - 1:
-                        mbarrier.arrive(k_free.index(stage))
-                    p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                             CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                           EXP2_FMA)
-                    l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
-                    if OVERLAP_PV:
-                        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-                        mbarrier.arrive(v_free.index(prev))
-                    p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                last = (g + n_own - 1) % STAGES
-                mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
-                _take_turn(turn, wg, turns + n_own, PINGPONG)
-                acc = warpgroup_mma(_operand(p, p_layout, dtype, not EARLY_P), v_smem.index(last), acc, is_async=True)
-                _pass_turn(turn, wg, NUM_WG, PINGPONG)
-                acc = warpgroup_mma_wait(0, deps=(acc, ))
-                mbarrier.arrive(v_free.index(last))
-                _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
-                            PINGPONG)
-
-                o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-                if IS_VARLEN:
-                    o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
-                    lse_offset = h.to(gl.int64) * stride_lh + q_row
-                if LANE_SUMS:
-                    l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
-                empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
-                lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-                gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
-                inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
-                out = (acc * inv_l[:, None]).to(dtype)
-                if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
-                    out = gl.convert_layout(out, store_layout)
-                elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
-                    mbarrier.wait(k_done.index(0), done & 1)  # every consumer's last Q·Kᵀ has read that tile
-                    o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
-                    o_tile.store(out)
-                    out = o_tile.load(store_layout)
-                    fence_async_shared()  # these writes land before the loader's next TMA load into the tile
-                rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
-                cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
-                ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
-                if STAGE_O and start_m + (wg + 1) * WG_M <= sq:  # rows all in the sequence: a TMA store from shared
-                    o_wg = o_smem.index(wg)
-                    tma.store_wait(0)  # the previous item's O has left this tile
-                    o_wg.store(out)
-                    fence_async_shared()
-                    tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
-                else:
-                    gl.store(ptrs, out, mask=(rows < sq)[:, None])
-                if STAGE_K:
-                    mbarrier.arrive(k_free.index(last))
+    if SCHEDULE >= 3:  # items claimed as programs become free: the loader passes each tile's code
+        code = _claimed(code_smem, q_bar, wg, done)
+        while code >= 0:
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
+                code // n_m, code % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
+                k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+                          k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
+                          turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV,
+                          EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS, LANE_SUMS, SKIP_IDLE)
             g += n_tiles
             turns += n_tiles + 1
             done += 1
+            code = _claimed(code_smem, q_bar, wg, done)
+    else:
+        for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
+                w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
+            if start_m < sq:
+                _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+                              k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
+                              turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
+                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                              OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS, LANE_SUMS, SKIP_IDLE)
+                g += n_tiles
+                turns += n_tiles + 1
+                done += 1
     if STAGE_O:
         tma.store_wait(0)  # the tiles outlive no store that reads them
 
 
 @gluon.jit
-def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
-                            q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                            seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr,
-                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                            CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-                            LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr,
-                            REGS: gl.constexpr):
+def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, counter, tail_heads,
+                            q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
+                            stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale, HEAD_DIM:
+                            gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL:
+                            gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr,
+                            OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P:
+                            gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr,
+                            SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see _item): program p takes work p, p + grid, ... (with a persistent grid the loader fetches
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
@@ -430,6 +550,9 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # every P·V read V
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    code_smem = q_bar  # (unused below SCHEDULE 3)
+    if SCHEDULE >= 3:  # each consumer's next Q tile, as the loader claimed it
+        code_smem = gl.allocate_shared_memory(gl.int32, [NUM_WG, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # unused barriers stay uninitialized: triton may reuse their bytes as scratch, undefined for an mbarrier (perf v33)
     if STAGE_K:
         mbarrier.init(k_done.index(0), count=NUM_WG)
@@ -449,47 +572,47 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     # cu_seqlens (None) cannot sit in one: both lists are spelled out.
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
+                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
                       LANE_SUMS, SKIP_IDLE, SCHEDULE)),
-            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
+                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
                       LANE_SUMS, SKIP_IDLE, SCHEDULE)),
-            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
+                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
                       LANE_SUMS, SKIP_IDLE, SCHEDULE)),
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
-                            k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M, BLOCK_N, STAGES,
-                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
+                            v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+                            q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
+                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
                       LANE_SUMS, SKIP_IDLE, SCHEDULE)),
-            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, k_done,
-                      turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
+                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                       k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
                       group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
                       LANE_SUMS, SKIP_IDLE, SCHEDULE)),
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
-                            k_free, v_free, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-                            k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M, BLOCK_N, STAGES,
-                            CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
+                            v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+                            q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
         ], [4, 1], [REGS, 24])
 
 
@@ -540,6 +663,26 @@ def supports(q, k, v, window_size):
 
 
 _REPLAYS = Replays()
+_COUNTERS = {}  # (device, stream) -> the int32 that SCHEDULE 3 launches on that stream claim items from
+
+
+def uses_claims(config, causal, varlen, seqlen_q):
+    """Whether the launch takes SCHEDULE 3: causal, one program per SM, equal-length sequences (with packed ones
+    the host does not know each tile's work), two Q tiles or more (with one, the compiler folds a consumer's rows
+    past the sequence, and spills)."""
+    return (config.claims != 0 and causal and not varlen and config.persistent and config.block_m < seqlen_q
+            <= config.persistent_max_seqlen)
+
+
+def _counter(device, stream):
+    """This stream's counter, made once outside graph capture (each launch's last claim sets it back to 0, so
+    launches in order on one stream, graph replays too, each start from 0). None while capturing without one."""
+    key = (device, stream)
+    if key not in _COUNTERS:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
@@ -547,13 +690,18 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
     call of a launch key goes through Triton; later ones replay it (kernels/replay.py) with descriptors
     of this call's tensors."""
+    counter = None
+    if uses_claims(config, causal, cu_seqlens_q is not None, q.shape[1]):
+        counter = _counter(q.device, stream_handle(q.device))
+        if counter is None:  # (the outputs are the same either way: each Q tile is one program's, computed alike)
+            config = dataclasses.replace(config, claims=0)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, out.stride(), lse.stride(),
            None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, causal, bottom_right,
-           config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k))
+           config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k), None if counter is None else counter.data_ptr())
     replay = _REPLAYS.get(key)
     if replay is None:
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                         causal, bottom_right, config)
+                                         causal, bottom_right, config, counter)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
                         ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
         if replay.compiled is not None:
@@ -581,8 +729,9 @@ def _smem_layout(block, head_dim, dtype):
 
 
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
-                config):
-    """(grid, args, kwargs) of the kernel launch (scripts/compile_sm90.py compiles from them without a GPU)."""
+                config, counter=None):
+    """(grid, args, kwargs) of the kernel launch (scripts/compile_sm90.py compiles from them without a GPU).
+    ``counter``: a zeroed int32 the SCHEDULE 3 programs claim items from (None: no claims, or a new one)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, varlen)
@@ -606,11 +755,18 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
     # (single tiles need two of them: with one, the compiler folds a consumer's rows past Nq = 1 and crashes)
     schedule = (2 if persistent and not causal and n_m > 1 else 1) if config.balanced else 0
-    n_work = batch * nheads * (n_m if schedule == 2 else cdiv(n_m, 2))  # Q tiles, or pairs of them (see _item)
-    grid = (min(n_work, num_sms(q.device)) if persistent else n_work, )
-    args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads, nheads // nheads_k, n_m, batch * nheads,
-            softmax_scale * LOG2E.value)
+    n_bh, n_half, sms = batch * nheads, cdiv(n_m, 2), num_sms(q.device)
+    n_work = n_bh * (n_m if schedule == 2 else n_half)  # Q tiles, or pairs of them (see _item)
+    tail_heads = 1
+    if uses_claims(config, causal, varlen, seqlen_q):
+        schedule, tail_heads = (3 if config.claims > 0 else 4), min(n_bh, cdiv(abs(config.claims) * sms, n_half))
+        n_work = (n_bh - tail_heads) * n_half + tail_heads * n_m  # (see _lpt_item)
+        if counter is None and schedule == 3:
+            counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+    grid = (min(n_work, sms) if persistent else n_work, )
+    args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 else None, tail_heads, q_rows_b,
+            q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
+            nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
                   OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
