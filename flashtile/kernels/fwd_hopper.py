@@ -3,7 +3,9 @@
 A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a pair of them (a heavy and a light one
 under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ... (non-causal: single tiles);
 either way the next item's loads overlap this one's tail. Light items (a last tile cut short enough that a consumer
-has no row in it, which that consumer skips; a head's one-tile middle pair) come after all the rest. A loader warp
+has no row in it, which that consumer skips; a head's one-tile middle pair) come after all the rest. With claims
+(D=64 causal from 4k rows), a persistent program takes its next item from a global counter when it becomes free,
+the last items being single tiles, heaviest first, so that the programs finish together. A loader warp
 streams each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
 stage guarded by mbarriers (K ready, V ready, K free once every Q·Kᵀ read it, V free once every P·V did). Two
 consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix products as asynchronous
@@ -194,7 +196,7 @@ def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_
     loads); returns (g, claimed)."""
     for i in gl.static_range(BLOCK_M // WG_M):
         mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
-        if SCHEDULE >= 3:
+        if SCHEDULE == 3:
             code_smem.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
         mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0], h * q_col_h],
@@ -228,7 +230,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
     ``counter`` during each item's first side, and ends by handing each consumer the code -1."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
-    if SCHEDULE >= 3:
+    if SCHEDULE == 3:
         n_work = (n_bh - tail_heads) * ((n_m + 1) // 2) + tail_heads * n_m
         i = gl.program_id(0)
         side = 0
@@ -247,10 +249,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
                 side = 1
             else:
                 side = 0
-                if SCHEDULE == 3:
-                    i = claimed + gl.num_programs(0)
-                else:
-                    i += gl.num_programs(0)
+                i = claimed + gl.num_programs(0)
         for s in gl.static_range(BLOCK_M // WG_M):
             mbarrier.wait(q_free.index(s), (done & 1) ^ 1)
             code_smem.index(s).store(gl.full([1], -1, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
@@ -489,7 +488,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
-    if SCHEDULE >= 3:  # items claimed as programs become free: the loader passes each tile's code
+    if SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
         code = _claimed(code_smem, q_bar, wg, done)
         while code >= 0:
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
@@ -551,7 +550,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     code_smem = q_bar  # (unused below SCHEDULE 3)
-    if SCHEDULE >= 3:  # each consumer's next Q tile, as the loader claimed it
+    if SCHEDULE == 3:  # each consumer's next Q tile, as the loader claimed it
         code_smem = gl.allocate_shared_memory(gl.int32, [NUM_WG, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # unused barriers stay uninitialized: triton may reuse their bytes as scratch, undefined for an mbarrier (perf v33)
     if STAGE_K:
@@ -670,7 +669,7 @@ def uses_claims(config, causal, varlen, seqlen_q):
     """Whether the launch takes SCHEDULE 3: causal, one program per SM, equal-length sequences (with packed ones
     the host does not know each tile's work), two Q tiles or more (with one, the compiler folds a consumer's rows
     past the sequence, and spills)."""
-    return (config.claims != 0 and causal and not varlen and config.persistent and config.block_m < seqlen_q
+    return (config.claims > 0 and causal and not varlen and config.persistent and config.block_m < seqlen_q
             <= config.persistent_max_seqlen)
 
 
@@ -681,6 +680,8 @@ def _counter(device, stream):
     if key not in _COUNTERS:
         if torch.cuda.is_current_stream_capturing():
             return None
+        if len(_COUNTERS) >= 64:  # streams made and dropped call after call (a replay keeps its own counter alive)
+            _COUNTERS.clear()
         _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
     return _COUNTERS[key]
 
@@ -759,9 +760,9 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     n_work = n_bh * (n_m if schedule == 2 else n_half)  # Q tiles, or pairs of them (see _item)
     tail_heads = 1
     if uses_claims(config, causal, varlen, seqlen_q):
-        schedule, tail_heads = (3 if config.claims > 0 else 4), min(n_bh, cdiv(abs(config.claims) * sms, n_half))
+        schedule, tail_heads = 3, min(n_bh, cdiv(config.claims * sms, n_half))  # the tail: claims rounds of pairs
         n_work = (n_bh - tail_heads) * n_half + tail_heads * n_m  # (see _lpt_item)
-        if counter is None and schedule == 3:
+        if counter is None:
             counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     grid = (min(n_work, sms) if persistent else n_work, )
     args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 else None, tail_heads, q_rows_b,
