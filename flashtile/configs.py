@@ -127,10 +127,10 @@ def hopper_fwd_chain(config):
 # softmax under P·V, P to 16 bits each step, row sums per lane and no turns: non-causal 566/622/643/657/682 against
 # 536/583/596/614/650 with none of them, causal 414/528/585/629/693 against 391/497/525/582/642 (with turns
 # 552/618/627/642/658 and 418/524/581/636/654).
-# Run 28 (fwd-claims.md, N = 1k/2k/4k/8k/16k, columns rotating): D=64 causal from 4k rows with each program claiming
-# its next item from a counter (claims=2) 456/490/499 and 451/484/505 at 4k/8k/16k against the static order's
-# 448/469/485 and 450/472/485 (two calls). Not elsewhere: D=128 causal 1k-4k lost 1-6 % (the tail's single tiles
-# spread K and V over more heads than the L2 holds), D=64 causal's two warpgroups at 2k 0 to -2 %.
+# Run 28 (fwd-claims.md, columns rotating): D=64 causal from 4k rows with each program claiming its next item from a
+# counter (claims=2) 451/484/505 at 4k/8k/16k against the static order's 450/472/485 (at 8k/16k in a second call
+# 501/508 against 483/490). Not elsewhere: D=128 causal 1k-4k 0 to -7 % (the tail's single tiles run more heads' K and
+# V through L2 at once), D=64 causal's two warpgroups at 2k -1 to -2 %.
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True, claims=2,
