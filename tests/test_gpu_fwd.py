@@ -295,33 +295,36 @@ def test_claims(head_dim, which, forward_backend, monkeypatch):
 
 
 def test_claims_under_cuda_graph(forward_backend, monkeypatch):
-    """A stream's counter is made outside capture: a graph captured on a stream without one takes the static order
-    (as eager calls without claims do, so both are warmed up first), one captured after a call on its stream
-    claims; both replay to the eager result, and the counter is 0 after each replay."""
+    """A launch captured in a CUDA graph claims from a counter of its own, which the graph zeroes before it (graphs
+    replayed at once on two streams must not share one), not from the capturing stream's: two graphs of the same
+    call replay to the eager result, one after the other and both at once on two streams."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     from flashtile.kernels import fwd_hopper
-    q, k, v = (randn(4, 1000, 32, 128, dtype=torch.bfloat16) for _ in range(3))
-    cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], claims=0, min_seqlen_q=0, below=None)
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], claims=2, min_seqlen_q=0, below=None)
     monkeypatch.setattr(configs, "FWD_HOPPER", {(128, True): cfg})
+    q, k, v = (randn(4, 1000, 32, 128, dtype=torch.bfloat16) for _ in range(3))
     expected = flashtile.flash_attn_func(q, k, v, causal=True)
-    monkeypatch.setattr(configs, "FWD_HOPPER", {(128, True): dataclasses.replace(cfg, claims=2)})
-    assert torch.equal(flashtile.flash_attn_func(q, k, v, causal=True), expected)
-    for warm in (False, True):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        if warm:
-            with torch.cuda.stream(stream):
-                flashtile.flash_attn_func(q, k, v, causal=True)
-        key = (q.device, stream.cuda_stream)
-        assert (key in fwd_hopper._COUNTERS) == warm
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graphs, outs = [], []
+    for _ in range(2):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            out = flashtile.flash_attn_func(q, k, v, causal=True)
-        for _ in range(3):
+        before = len(fwd_hopper._GRAPH_COUNTERS)
+        with torch.cuda.graph(graph, stream=side):
+            outs.append(flashtile.flash_attn_func(q, k, v, causal=True))
+        assert len(fwd_hopper._GRAPH_COUNTERS) == before + 1
+        assert (q.device, side.cuda_stream) not in fwd_hopper._COUNTERS
+        graphs.append(graph)
+    streams = [torch.cuda.Stream() for _ in graphs]
+    for together in (False, True, True):
+        for out in outs:
             out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, expected)
-        assert (key in fwd_hopper._COUNTERS) == warm
-        assert not warm or int(fwd_hopper._COUNTERS[key]) == 0
+        torch.cuda.synchronize()
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+            if not together:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        assert all(torch.equal(out, expected) for out in outs)

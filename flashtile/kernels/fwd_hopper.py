@@ -27,7 +27,6 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
-import dataclasses
 import functools
 
 import torch
@@ -663,6 +662,7 @@ def supports(q, k, v, window_size):
 
 _REPLAYS = Replays()
 _COUNTERS = {}  # (device, stream) -> the int32 that SCHEDULE 3 launches on that stream claim items from
+_GRAPH_COUNTERS = []  # those of launches captured in CUDA graphs, one each
 
 
 def uses_claims(config, causal, varlen, seqlen_q):
@@ -673,13 +673,16 @@ def uses_claims(config, causal, varlen, seqlen_q):
             <= config.persistent_max_seqlen)
 
 
-def _counter(device, stream):
-    """This stream's counter, made once outside graph capture (each launch's last claim sets it back to 0, so
-    launches in order on one stream, graph replays too, each start from 0). None while capturing without one."""
-    key = (device, stream)
+def _counter(device):
+    """The counter a SCHEDULE 3 launch claims from. Eager: one per stream, made on its first launch (each launch's
+    last claim sets it back to 0, so the launches of a stream, in order, each start from 0). While a CUDA graph is
+    captured: one of the graph's own, zeroed in the graph before the kernel, so that graphs replayed at once on
+    different streams do not share one."""
+    if torch.cuda.is_current_stream_capturing():
+        _GRAPH_COUNTERS.append(torch.zeros(1, dtype=torch.int32, device=device))  # alive as long as any graph may be
+        return _GRAPH_COUNTERS[-1]
+    key = (device, stream_handle(device))
     if key not in _COUNTERS:
-        if torch.cuda.is_current_stream_capturing():
-            return None
         if len(_COUNTERS) >= 64:  # streams made and dropped call after call (a replay keeps its own counter alive)
             _COUNTERS.clear()
         _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
@@ -691,11 +694,7 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
     call of a launch key goes through Triton; later ones replay it (kernels/replay.py) with descriptors
     of this call's tensors."""
-    counter = None
-    if uses_claims(config, causal, cu_seqlens_q is not None, q.shape[1]):
-        counter = _counter(q.device, stream_handle(q.device))
-        if counter is None:  # (the outputs are the same either way: each Q tile is one program's, computed alike)
-            config = dataclasses.replace(config, claims=0)
+    counter = _counter(q.device) if uses_claims(config, causal, cu_seqlens_q is not None, q.shape[1]) else None
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, out.stride(), lse.stride(),
            None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, causal, bottom_right,
            config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k), None if counter is None else counter.data_ptr())
