@@ -187,7 +187,7 @@ def _claimed(code_smem, q_bar, wg: gl.constexpr, done):
 def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
                code_smem, code, counter, claim, claimed, n_work, g, done, start_m, h, q_row, k_row, n_tiles, q_col_h,
                k_col_h, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               SCHEDULE: gl.constexpr, ATOMIC: gl.constexpr = True):
+               SCHEDULE: gl.constexpr):
     """One item: each consumer's Q rows once that consumer freed the previous ones (SCHEDULE 3: with the tile's
     code), then K and V of each tile into the next ring stage, each once every consumer freed its own. With
     ``claim``, the next item's number is claimed from ``counter`` after the first tile's loads, where the loader
@@ -213,7 +213,7 @@ def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_
         g += 1
         if SCHEDULE == 3:
             if claim and j == 0:
-                claimed = gl.atomic_add(counter, 1) if ATOMIC else claimed + 1
+                claimed = gl.atomic_add(counter, 1)
                 if claimed == n_work - 1:  # the launch's last claim: the next launch counts from 0 again
                     gl.atomic_xchg(counter, 0)
     return g, claimed
@@ -337,9 +337,9 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                   k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g, turns, done,
                   q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr,
-                  OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P: gl.constexpr,
-                  STAGE_O: gl.constexpr, Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr):
+                  IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
+                  EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr,
+                  Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr):
     """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
@@ -475,11 +475,11 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
 def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
               code_smem, k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
               k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-              group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES:
-              gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY:
-              gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K:
-              gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr,
-              SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr):
+              group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+              MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
+              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
+              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -523,14 +523,16 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
 @gluon.jit
 def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, counter, tail_heads,
                             q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
-                            stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale, HEAD_DIM:
-                            gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL:
-                            gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr,
-                            OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P:
-                            gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr,
-                            SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr, REGS: gl.constexpr):
+                            stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                            CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
+                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
+                            LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr,
+                            REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
-    nheads heads (see _item): program p takes work p, p + grid, ... (with a persistent grid the loader fetches
+    nheads heads (see _item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
+    ``counter``, see _lpt_item) (with a persistent grid the loader fetches
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
     (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
