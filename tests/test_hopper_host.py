@@ -116,6 +116,40 @@ def test_schedule():
         assert grid == ((min(work, num_sms(q.device)) if persistent else work), )
 
 
+def test_claims_launch_arguments():
+    """configs.HopperFwdConfig.claims takes SCHEDULE 3 where it applies (causal, persistent, equal lengths, two Q
+    tiles or more), with a zeroed int32 counter, the tail's heads (claims rounds of pairs over the SMs) and one
+    program per SM at most over as many items as scripts/fwd_schedule_model.claimed_items (which checks that the
+    order takes each Q tile once) lists; elsewhere the static order and no counter."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fwd_schedule_model
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(64, True)], min_seqlen_q=0, below=None)
+    assert cfg.claims > 0
+    batch, nheads, head_dim = 3, 16, 64
+    sms = num_sms(torch.device("cpu"))
+    for seqlen, causal, claims, varlen in [(1000, True, 2, False), (4096, True, 1, False), (1000, False, 2, False),
+                                           (150, True, 2, False), (1000, True, 0, False), (1000, True, 2, True)]:
+        run = dataclasses.replace(cfg, claims=claims)
+        q = torch.randn(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
+        lse = torch.empty(batch, nheads, seqlen)
+        cu = max_seqlen = None
+        if varlen:
+            q, lse = q.flatten(0, 1), torch.empty(nheads, batch * seqlen)
+            cu, max_seqlen = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32), seqlen
+        grid, args, kwargs = fwd_hopper.launch_args(q, q, q, torch.empty_like(q), lse, cu, cu, max_seqlen, 0.125,
+                                                    causal, True, run)
+        named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+        n_m = -(-seqlen // cfg.block_m)
+        if causal and claims and not varlen and n_m > 1:
+            assert kwargs["SCHEDULE"] == 3
+            assert named["counter"].dtype == torch.int32 and int(named["counter"]) == 0
+            assert named["tail_heads"] == min(batch * nheads, -(-claims * sms // -(-n_m // 2)))
+            items = fwd_schedule_model.claimed_items(n_m, batch * nheads, sms, claims)
+            assert grid == (min(len(items), sms), )
+        else:
+            assert kwargs["SCHEDULE"] != 3 and named["counter"] is None
+
+
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     """On sm90 (pretended here) D=64 takes the Hopper kernel from configs' min_seqlen_q query rows (the longest
     sequence when packed), causal in two warpgroups first and three from the next threshold; D=128 always, Q in
