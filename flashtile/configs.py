@@ -130,13 +130,13 @@ def hopper_fwd_chain(config):
 # Run 28 (fwd-claims.md, columns rotating): D=64 causal from 4k rows with each program claiming its next item from a
 # counter (claims=2) 451/484/505 at 4k/8k/16k against the static order's 450/472/485 (at 8k/16k in a second call
 # 501/508 against 483/490). Not elsewhere: D=128 causal 1k-4k 0 to -7 % (the tail's single tiles run more heads' K and
-# V through L2 at once), D=64 causal's two warpgroups at 2k -1 to -2 %.
+# V through L2 at once), D=64 causal's two warpgroups at 2k -1 to -2 %. With claims, three warpgroups from 2k rows
+# (fwd-claims.md, call 10) 398/412/412/436/443 at 2k/2.25k/2.5k/3k/3.5k against two warpgroups' 385/385/398/404/412
+# (cuDNN 385/396/400/411/414): the two-warpgroup config goes, the portable kernel runs below 2k.
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True, claims=2,
-                                min_seqlen_q=4096,
-                                below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, lane_sums=True,
-                                                      min_seqlen_q=2048)),
+                                min_seqlen_q=2048),
     (128, False): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True, early_p=True,
                                   q_regs=True, lane_sums=True, o_tma=True, min_seqlen_q=2048,
                                   below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True,

@@ -152,8 +152,7 @@ def test_claims_launch_arguments():
 
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     """On sm90 (pretended here) D=64 takes the Hopper kernel from configs' min_seqlen_q query rows (the longest
-    sequence when packed), causal in two warpgroups first and three from the next threshold; D=128 always, Q in
-    registers from its threshold."""
+    sequence when packed), three consumer warpgroups both masks; D=128 always, Q in registers from its threshold."""
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
@@ -174,10 +173,8 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q) is full
     assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q - 1) is None
     three = configs.FWD_HOPPER[(64, True)]
-    two = three.below
-    assert (three.block_m, two.block_m, two.below) == (192, 128, None) and 1 < two.min_seqlen_q < three.min_seqlen_q
-    assert picked(two.min_seqlen_q - 1, 64, True) is None
-    assert picked(two.min_seqlen_q, 64, True) is two and picked(three.min_seqlen_q - 1, 64, True) is two
+    assert (three.block_m, three.below) == (192, None) and three.min_seqlen_q > 1
+    assert picked(three.min_seqlen_q - 1, 64, True) is None
     assert picked(three.min_seqlen_q, 64, True) is three
     for causal in (False, True):
         top = configs.FWD_HOPPER[(128, causal)]

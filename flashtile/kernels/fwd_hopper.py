@@ -4,14 +4,14 @@ A work item is a BLOCK_M-row (128 or 192) Q tile of one head; a program takes a 
 under a causal mask), or (persistent) one program per SM walks pairs p, p + grid, ... (non-causal: single tiles);
 either way the next item's loads overlap this one's tail. Light items (a last tile cut short enough that a consumer
 has no row in it, which that consumer skips; a head's one-tile middle pair) come after all the rest. With claims
-(D=64 causal from 4k rows), a persistent program takes its next item from a global counter when it becomes free,
+(D=64 causal), a persistent program takes its next item from a global counter when it becomes free,
 the last items being single tiles, heaviest first, so that the programs finish together. A loader warp
 streams each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
 stage guarded by mbarriers (K ready, V ready, K free once every Q·Kᵀ read it, V free once every P·V did). Two
 consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix products as asynchronous
 wgmma and the online softmax in registers (240 registers each with two, 160 with three; the loader keeps 24). Each
 step a consumer issues Q·Kᵀ of tile j with P·V of tile j-1, then runs the softmax of tile j; the consumers take turns
-at the tensor cores (ping-pong, in a ring; a config switch, off in D=64 causal's two-warpgroup config and at D=256),
+at the tensor cores (ping-pong, in a ring; a config switch, off at D=256),
 so that one's softmax runs under the others' products. O leaves in 16-byte runs of a row, not in the wgmma layout's
 4-byte pieces: D=64 converts through triton's scratch, D=128 (no shared memory to spare) through its rows of the
 item's last K tile (STAGE_K: a barrier waits for every consumer's last Q·Kᵀ, and that K is freed after the epilogue);
