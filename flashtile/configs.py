@@ -129,10 +129,11 @@ def hopper_fwd_chain(config):
 # 552/618/627/642/658 and 418/524/581/636/654).
 # Run 28 (fwd-claims.md, columns rotating): D=64 causal from 4k rows with each program claiming its next item from a
 # counter (claims=2) 451/484/505 at 4k/8k/16k against the static order's 450/472/485 (at 8k/16k in a second call
-# 501/508 against 483/490). Not elsewhere: D=128 causal 1k-4k 0 to -7 % (the tail's single tiles run more heads' K and
-# V through L2 at once), D=64 causal's two warpgroups at 2k -1 to -2 %. With claims, three warpgroups from 2k rows
-# (fwd-claims.md, call 10) 398/412/412/436/443 at 2k/2.25k/2.5k/3k/3.5k against two warpgroups' 385/385/398/404/412
-# (cuDNN 385/396/400/411/414): the two-warpgroup config goes, the portable kernel runs below 2k.
+# 501/508 against 483/490). Not elsewhere: D=128 causal 1k-4k 0 to -7 % (likely, not profiled: the tail's single tiles
+# run more heads' K and V through L2 at once), D=64 causal's two warpgroups at 2k -1 to -2 %. With claims, three
+# warpgroups from 2k rows (fwd-claims.md, call 10) 398/412/412/436/443 at 2k/2.25k/2.5k/3k/3.5k against two
+# warpgroups' 385/385/398/404/412 (cuDNN 385/396/400/411/414): the two-warpgroup config goes, the portable kernel runs
+# below 2k.
 FWD_HOPPER = {
     (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True, claims=2,
