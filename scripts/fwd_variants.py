@@ -3,7 +3,8 @@ per variant of the source tree, in one device call; docs/perf.md, forward v14):
 
     PYTHONPATH=. python scripts/fwd_variants.py LABEL --head-dim 64 --seqlens 1024 2048 4096 16384 --hopper-everywhere
 
-One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns, B·N = 16k tokens, 2048 / D heads.
+One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns, B·N = 16k tokens, 2048 / D heads
+(--batch and --heads set others: the shape goes into the row).
 --hopper-everywhere runs the Hopper kernel at every length: the shipped config without its min_seqlen_q, and for
 a causal head dim without one, two consumer warpgroups of 128-row tiles on a persistent grid. --set FIELD=VALUE
 (integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2` (`below.o_tma=1` changes the
@@ -16,6 +17,7 @@ docs/perf.md, forward v16 and v26):
 """
 import argparse
 import dataclasses
+import itertools
 
 import torch
 import triton
@@ -58,6 +60,8 @@ def main():
     parser.add_argument("--peers", nargs="+", default=["flashtile", "cuDNN"], choices=list(FORWARD))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hopper-everywhere", action="store_true")
+    parser.add_argument("--heads", type=int, nargs="+", default=[], help="query heads (default 2048 / D), a row each")
+    parser.add_argument("--batch", type=int, default=0, help="sequences (default 16384 / N)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME", "FIELD=VALUE"),
                         help="a flashtile column with these fields changed on top of --set (repeatable)")
@@ -69,8 +73,9 @@ def main():
     columns = list(tables) + args.peers
     for mask in args.masks:
         causal = mask == "causal"
-        for n in args.seqlens:
-            q, k, v = (torch.randn(16384 // n, n, 2048 // d, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for n, heads in itertools.product(args.seqlens, args.heads or [2048 // d]):
+            q, k, v = (torch.randn(args.batch or max(1, 16384 // n), n, heads, d, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
             flops = 4 * q.shape[0] * q.shape[2] * n * n * d / (2 if causal else 1)
             best = {}
             for turn in range(args.rounds):  # variants and peers take turns, each round starting one column later
@@ -82,7 +87,8 @@ def main():
                     ms = triton.testing.do_bench(lambda: run(*inputs), warmup=25, rep=100)
                     configs.FWD_HOPPER.update(saved)
                     best[name] = max(best.get(name, 0.0), flops / ms / 1e9)
-            print(f"| {args.label} | {mask} | {n} | " + " | ".join(f"{best[c]:.0f}" for c in columns) + " |",
+            shape = f"{n}" if not args.heads and not args.batch else f"{n} (B={q.shape[0]}, H={heads})"
+            print(f"| {args.label} | {mask} | {shape} | " + " | ".join(f"{best[c]:.0f}" for c in columns) + " |",
                   flush=True)
         print(f"(columns: {', '.join(columns)})", flush=True)
 
