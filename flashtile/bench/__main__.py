@@ -71,16 +71,30 @@ def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
 
 def best_of_turns(timers, rounds):
     """{key: (lowest time, error)} of timers {key: () -> (time or None, error or None)}, each called in turn,
-    ``rounds`` times over, so that a clock dip or a busy host during one turn does not decide a comparison.
-    A key that never ran keeps its last error."""
+    ``rounds`` times over, each round starting one key later, so that a clock dip or a busy host during one turn,
+    or the power state the previous key left, does not decide a comparison. A key that never ran keeps its last
+    error."""
     best = {}
-    for _ in range(rounds):
-        for key, timer in timers.items():
+    keys = list(timers)
+    for turn in range(rounds):
+        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
+            timer = timers[key]
             t, error = timer()
             old = best.get(key)
             if old is None or (t is not None and (old[0] is None or t < old[0])):
                 best[key] = (t, error)
     return best
+
+
+def warm_gpu(seconds):
+    """Bf16 matrix products for ``seconds``: a GPU that starts idle runs its first kernels at a clock it cannot hold
+    under load, which favours whichever peer runs first (docs/perf.md, forward run 29)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def grid(seqlens, head_dims, causals):
@@ -199,12 +213,14 @@ def main(argv=None):
     parser.add_argument("--backward", action="store_true", help="also time forward + backward")
     parser.add_argument("--rounds", type=int, default=2, help="turns each peer takes per shape; best kept")
     parser.add_argument("--out", default="results", help="folder for bench.json, bench.md and bench.png")
+    parser.add_argument("--warm-gpu", type=float, default=15, help="seconds of matrix products before timing")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flashtile.bench needs a CUDA GPU; `flashtile demo` runs on the CPU under the interpreter")
     os.makedirs(args.out, exist_ok=True)
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     started = time.time()
+    warm_gpu(args.warm_gpu)
     rows = run_grid(list(grid(args.seqlens, args.head_dims, causals)), args.peers, args.warmup, args.rep,
                     args.rounds, args.backward)
     mem = memory_sweep(args.memory_seqlens) if args.memory_seqlens else []
@@ -212,7 +228,8 @@ def main(argv=None):
         mem += memory_sweep([n for n in args.memory_seqlens if n <= 32768], backward=True)
     device = torch.cuda.get_device_name()
     header = (f"{device}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
-              f"bf16 forward TFLOP/s (median of do_bench, best of {args.rounds} turns), {time.strftime('%Y-%m-%d')}")
+              f"bf16 forward TFLOP/s (median of do_bench, best of {args.rounds} turns, the GPU warmed for "
+              f"{args.warm_gpu:g} s), {time.strftime('%Y-%m-%d')}")
     report = f"{header}\n\nForward:\n\n{table(rows, args.peers)}\n"
     if args.backward:
         bwd_table = table(rows, args.peers, "bwd_tflops", "bwd_error")
