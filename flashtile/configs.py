@@ -135,13 +135,17 @@ def hopper_fwd_chain(config):
 # warpgroups from 2k rows (fwd-claims.md, call 10) 398/412/412/436/443 at 2k/2.25k/2.5k/3k/3.5k against two
 # warpgroups' 385/385/398/404/412 (cuDNN 385/396/400/411/414): the two-warpgroup config goes, the portable kernel runs
 # below 2k.
+# Runs 30-31 (fwd-frozen-max-v42.md, fwd-v43-run31.md, columns rotating): every tile after an item's first against
+# that tile's row maxima (frozen_max) +6 to +16 % at D=64/128, both masks, 1k-16k; with it D=64 causal runs two
+# warpgroups from 1k rows, claiming items (claims=2) 342 against 327 without claims (cuDNN 337); D=64 non-causal
+# with P to 16 bits each step (early_p) 577/595 against 550/547 at 4k/16k (the overlap 587/593, 88 bytes of spills).
 FWD_HOPPER = {
-    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, frozen_max=True,
-                                 min_seqlen_q=1024),
+    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, early_p=True, lane_sums=True,
+                                 frozen_max=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True, claims=2,
                                 frozen_max=True, min_seqlen_q=2048,
                                 below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, lane_sums=True,
-                                                      frozen_max=True, min_seqlen_q=1024)),
+                                                      claims=2, frozen_max=True, min_seqlen_q=1024)),
     (128, False): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True, early_p=True,
                                   q_regs=True, lane_sums=True, o_tma=True, frozen_max=True, min_seqlen_q=2048,
                                   below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True,

@@ -199,8 +199,8 @@ def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_early_p(causal, forward_backend, monkeypatch):
-    """configs.HopperFwdConfig.early_p (P to 16 bits at the end of each step) the other way from the shipped
-    configs: off at D=128, on at D=64 in three warpgroups (with and without the softmax under P·V)."""
+    """configs.HopperFwdConfig.early_p (P to 16 bits at the end of each step): off at D=128 (shipped on), on at D=64
+    in three warpgroups with and without the softmax under P·V (shipped: on non-causal, without the overlap)."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     assert configs.FWD_HOPPER[(128, causal)].early_p

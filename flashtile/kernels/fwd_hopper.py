@@ -546,7 +546,8 @@ def _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, 
     for the stream's next launch."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     if _counter_op(counter, 2, 1) == gl.num_programs(0) - 1:
-        for i in range(_counter_op(counter, 1, 0, XCHG=True)):  # (0 for the stream's next launch)
+        n_redo = _counter_op(counter, 1, 0)  # (not in range(): its bound is emitted twice)
+        for i in range(n_redo):
             code = _counter_op(counter, REDO_QUEUE + i, 0)
             tile = code // NUM_WG
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
@@ -557,6 +558,7 @@ def _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, 
             exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h, k_row,
                        (h // group) * k_col_h, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset, lse_offset,
                        stride_on, qk_scale, HEAD_DIM, CAUSAL, MAY_BE_EMPTY)
+        _counter_op(counter, 1, 0, XCHG=True)  # the counts back to 0 for the stream's next launch
         _counter_op(counter, 2, 0, XCHG=True)
 
 
