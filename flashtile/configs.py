@@ -66,6 +66,7 @@ class HopperFwdConfig:
     claims: int = 0  # causal persistent grids, equal lengths: each program claims its next item from a counter as
     # it becomes free: pairs in head order, then single tiles heaviest first of the last heads, about this many rounds
     # of pairs (0: program p takes items p, p + grid, ...)
+    frozen_max: bool = False  # every K/V tile after an item's first uses that tile's row maxima (no max, no rescale)
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 
@@ -134,20 +135,27 @@ def hopper_fwd_chain(config):
 # warpgroups from 2k rows (fwd-claims.md, call 10) 398/412/412/436/443 at 2k/2.25k/2.5k/3k/3.5k against two
 # warpgroups' 385/385/398/404/412 (cuDNN 385/396/400/411/414): the two-warpgroup config goes, the portable kernel runs
 # below 2k.
+# Runs 30-31 (fwd-frozen-max-v42.md, fwd-v43-run31.md, columns rotating): every tile after an item's first against
+# that tile's row maxima (frozen_max) +6 to +16 % at D=64/128, both masks, 1k-16k; with it D=64 causal runs two
+# warpgroups from 1k rows, claiming items (claims=2) 342 against 327 without claims (cuDNN 337); D=64 non-causal
+# with P to 16 bits each step (early_p) 577/595 against 550/547 at 4k/16k (the overlap 587/593, 88 bytes of spills).
 FWD_HOPPER = {
-    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, lane_sums=True, min_seqlen_q=1024),
+    (64, False): HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, early_p=True, lane_sums=True,
+                                 frozen_max=True, min_seqlen_q=1024),
     (64, True): HopperFwdConfig(192, 128, 3, 160, 128, overlap_pv=True, persistent=True, lane_sums=True, claims=2,
-                                min_seqlen_q=2048),
+                                frozen_max=True, min_seqlen_q=2048,
+                                below=HopperFwdConfig(128, 128, 3, pingpong=False, persistent=True, lane_sums=True,
+                                                      claims=2, frozen_max=True, min_seqlen_q=1024)),
     (128, False): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True, early_p=True,
-                                  q_regs=True, lane_sums=True, o_tma=True, min_seqlen_q=2048,
+                                  q_regs=True, lane_sums=True, o_tma=True, frozen_max=True, min_seqlen_q=2048,
                                   below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, o_kstage=True,
-                                                        early_p=True, lane_sums=True, o_tma=True)),
+                                                        early_p=True, lane_sums=True, o_tma=True, frozen_max=True)),
     (128, True): HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True, persistent_max_seqlen=4096,
                                  o_kstage=True, early_p=True, q_regs=True, lane_sums=True, o_tma=True,
-                                 min_seqlen_q=2048,
+                                 frozen_max=True, min_seqlen_q=2048,
                                  below=HopperFwdConfig(128, 128, 2, overlap_pv=True, persistent=True,
                                                        persistent_max_seqlen=4096, o_kstage=True, early_p=True,
-                                                       lane_sums=True, o_tma=True, balanced=False)),
+                                                       lane_sums=True, o_tma=True, balanced=False, frozen_max=True)),
     (256, False): HopperFwdConfig(128, 64, 2, pingpong=False, overlap_pv=True, persistent=True, early_p=True,
                                   lane_sums=True),
     (256, True): HopperFwdConfig(128, 64, 2, pingpong=False, overlap_pv=True, persistent=True, early_p=True,
@@ -157,6 +165,10 @@ FWD_HOPPER = {
 # Which forward kernel sm90 uses: "auto" (the Hopper kernel where it applies, else the portable one) or
 # "portable" (tests and benchmarks compare the two).
 FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
+
+# HopperFwdConfig.frozen_max in bf16 (docs/perf.md, forward v42): "0" turns it off, for inputs whose scores rise far
+# past each work item's first K/V tile (their rows are then recomputed exactly, by one warpgroup at the launch's end).
+FROZEN_MAX = os.environ.get("FLASHTILE_FROZEN_MAX", "1") != "0"
 
 # The backward: "auto" (kernels/bwd_hopper.py where its config's min_seqlen_k allows, else kernels/bwd.py),
 # "hopper" (bwd_hopper wherever it applies: sm90, D=128, bf16/fp16, batch mode, full or causal) or "portable".

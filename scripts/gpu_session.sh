@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
-# Usage: bash scripts/gpu_session.sh [tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
+# Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep] [ncu-fwd] [ncu-decode] [clock-probe]
 set -u
 out=${OUT:-results}
@@ -10,6 +10,12 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 for step in "$@"; do
   case $step in
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 | tee "$out/tests.log" ;;
+    fwd-tests) for part in "frozen_max or test_large or lane_sums or early_p" \
+                           "not (frozen_max or test_large or lane_sums or early_p)"; do  # each within a device call
+                 timeout 280 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/test_gpu_fwd.py \
+                   -k "not portable and ($part)" 2>&1 | grep -v "warner\|BenchmarkWarning" | tail -80 \
+                   | tee -a "$out/fwd-tests.log"
+               done ;;
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
     tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \
                 | tee "$out/tune-bwd.log" ;;

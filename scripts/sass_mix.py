@@ -39,6 +39,21 @@ def sass_of(head_dim, causal, cfg):
         return subprocess.run([cuobjdump, "-sass", kept], capture_output=True, text=True, check=True).stdout
 
 
+def key_loops(sass):
+    """The K/V loops of the consumers in disassembled SASS: every backward branch's body of under 800 instructions
+    that holds one tile step's exponentials and matrix products (32+ MUFU.EX2, 4+ HGMMA; a work item's loop is
+    thousands long), as (first address, last address, local-memory loads and stores in it)."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"BRA (?:`\(.*?\) )?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+            if len(body) < 800 and sum("MUFU.EX2" in t for t in body) >= 32 and sum("HGMMA" in t for t in body) >= 4:
+                loops.append((int(m.group(1), 16), addr, sum(bool(re.search(r"\b(LDL|STL)\b", t)) for t in body)))
+    return loops
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dim", type=int, default=128)

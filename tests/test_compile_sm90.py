@@ -33,9 +33,10 @@ def test_forward_compiles_for_sm90():
         if row["kernel"] != "flash_decode_split_kernel":  # decode: 16-row dots and gathered pages
             assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
         assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
-        # The Hopper kernel spills up to 36 bytes (ptxas -v: D=64 causal in three warpgroups 4, D=256 causal 24; D=128
-        # 0 since early_p, 32-40 before), each measured faster anyway (fwd-d64-causal-mask.md). More is a regression.
-        spill_limit = 36 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
+        # The Hopper kernel spills up to 120 bytes (ptxas -v: D=64 causal in three warpgroups 120 since frozen_max,
+        # D=128 causal 8 and 36, D=256 causal 24), each measured faster anyway (docs/perf.md, forward v42); none of
+        # it in a K/V loop (test_hopper_forward_spills_outside_the_key_loops). More is a regression.
+        spill_limit = 120 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
         assert row["local"] <= spill_limit, f"spills to local memory: {row}"
         assert row["shared"] <= SM90_SHARED_LIMIT, row
         if row["kernel"] == "flash_fwd_hopper_kernel":  # warp-specialized, asynchronous wgmma kept asynchronous
@@ -126,3 +127,18 @@ def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
     assert mbarrier_reuse(released + scratch.replace("+0]", "+4096]").replace("+2048]", "+6144]")) == []
     assert mbarrier_reuse(ptx + "ld.shared.v4.b32 {%r4, %r5, %r6, %r7}, [%r3+8176];\n") == []  # 16 bytes below it
 
+
+
+def test_hopper_forward_spills_outside_the_key_loops():
+    """The configs that spill (D=64 causal in three warpgroups, D=128 causal) keep every K/V loop free of local memory:
+    the spilled values are reloaded once per work item (scripts/sass_mix.key_loops on the disassembly)."""
+    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernel is written against triton 3.6")
+    loops = _compiled_rows("[(d, c.block_m, [list(x) for x in __import__('sass_mix').key_loops("
+                           "__import__('sass_mix').sass_of(d, True, c))]) for d in (64, 128) "
+                           "for c in configs.hopper_fwd_chain(configs.FWD_HOPPER[(d, True)])]")
+    assert len(loops) == 4
+    for head_dim, block_m, found in loops:
+        assert len(found) == block_m // 64, (head_dim, block_m, found)  # one per consumer warpgroup
+        assert all(spills == 0 for _, _, spills in found), (head_dim, block_m, found)

@@ -199,8 +199,8 @@ def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_early_p(causal, forward_backend, monkeypatch):
-    """configs.HopperFwdConfig.early_p (P to 16 bits at the end of each step) the other way from the shipped
-    configs: off at D=128, on at D=64 in three warpgroups (with and without the softmax under P·V)."""
+    """configs.HopperFwdConfig.early_p (P to 16 bits at the end of each step): off at D=128 (shipped on), on at D=64
+    in three warpgroups with and without the softmax under P·V (shipped: on non-causal, without the overlap)."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     assert configs.FWD_HOPPER[(128, causal)].early_p
@@ -289,7 +289,7 @@ def test_claims(head_dim, which, forward_backend, monkeypatch):
     check_hopper_config(cfg, head_dim, True, monkeypatch)
     check(4, 1000, 1000, 64, 8, head_dim, torch.bfloat16, True)
     torch.cuda.synchronize()
-    assert fwd_hopper._COUNTERS and all(int(c) == 0 for c in fwd_hopper._COUNTERS.values())
+    assert fwd_hopper._COUNTERS and all(not c[:fwd_hopper.REDO_QUEUE].any() for c in fwd_hopper._COUNTERS.values())
 
 
 def test_claims_under_cuda_graph(forward_backend, monkeypatch):
@@ -326,3 +326,40 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
         assert all(torch.equal(out, expected) for out in outs)
+
+
+def check_rising_scores(head_dim, causal, seqlen=3000):
+    """Scores that rise along the keys, by about 100 log2 units for the query heads of KV head 0 (past the frozen
+    reference's range: those rows fall back to kernels/exact_rows.py) and 40 for KV head 1's (P up to ~2^40, no
+    fallback); the other rows are random. Poisoned outputs show rows nobody stored."""
+    q = randn(2, seqlen, 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(2, seqlen, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    for kv_head, rise in ((0, 100.0), (1, 40.0)):
+        amplitude = (rise / 1.4427 * head_dim ** 0.5) ** 0.5  # q·k / sqrt(D) rises by this squared over the keys
+        q[:, :, 2 * kv_head:2 * kv_head + 2, 0] = amplitude
+        k[:, :, kv_head, 0] = torch.linspace(0, amplitude, seqlen, device=k.device)
+    from flashtile.kernels import fwd_hopper
+    for counter in fwd_hopper._COUNTERS.values():
+        counter.zero_()
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal)
+    assert_attention_close(out, ref, torch_attention(q, k, v, causal), lse, ref_lse)
+    torch.cuda.synchronize()  # the launch queued rows for _redo, which set the counts back to 0
+    counters = list(fwd_hopper._COUNTERS.values())
+    assert any(c[fwd_hopper.REDO_QUEUE:].any() for c in counters), "no rows fell back"
+    assert all(not c[:fwd_hopper.REDO_QUEUE].any() for c in counters)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
+    """configs.HopperFwdConfig.frozen_max (each K/V tile after an item's first exponentiated against that tile's
+    row maxima), shipped in every config of the head dim: forced onto every shape, then on scores that rise past
+    the frozen reference's range in some heads (their rows recomputed exactly) and within it in others."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
+        assert cfg.frozen_max
+        check_hopper_config(cfg, head_dim, causal, monkeypatch)
+        check_rising_scores(head_dim, causal)

@@ -120,7 +120,8 @@ def test_claims_launch_arguments():
     """configs.HopperFwdConfig.claims takes SCHEDULE 3 where it applies (causal, persistent, equal lengths, two Q
     tiles or more), with a zeroed int32 counter, the tail's heads (claims rounds of pairs over the SMs) and one
     program per SM at most over as many items as scripts/fwd_schedule_model.claimed_items (which checks that the
-    order takes each Q tile once) lists; elsewhere the static order and no counter."""
+    order takes each Q tile once) lists; elsewhere the static order. The counter also holds FROZEN_MAX's queue (a
+    place per head, Q tile and consumer warpgroup) in bf16; fp16 gets a counter only for claims."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import fwd_schedule_model
     cfg = dataclasses.replace(configs.FWD_HOPPER[(64, True)], min_seqlen_q=0, below=None)
@@ -140,14 +141,23 @@ def test_claims_launch_arguments():
                                                     causal, True, run)
         named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
         n_m = -(-seqlen // cfg.block_m)
+        counter = named["counter"]  # the claims counter and FROZEN_MAX's queue (bf16)
+        assert counter.dtype == torch.int32 and not counter.any()
+        assert counter.numel() == fwd_hopper.REDO_QUEUE + batch * nheads * n_m * cfg.block_m // 64
         if causal and claims and not varlen and n_m > 1:
             assert kwargs["SCHEDULE"] == 3
-            assert named["counter"].dtype == torch.int32 and int(named["counter"]) == 0
             assert named["tail_heads"] == min(batch * nheads, -(-claims * sms // -(-n_m // 2)))
             items = fwd_schedule_model.claimed_items(n_m, batch * nheads, sms, claims)
             assert grid == (min(len(items), sms), )
         else:
-            assert kwargs["SCHEDULE"] != 3 and named["counter"] is None
+            assert kwargs["SCHEDULE"] != 3
+        fp16 = fwd_hopper.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
+                                      0.125, causal, True, run)  # FROZEN_MAX is for bf16 only
+        assert fp16[2]["FROZEN_MAX"] is False and fp16[2]["SCHEDULE"] == kwargs["SCHEDULE"]
+        fp16_counter = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, fp16[1]))["counter"]
+        assert (fp16_counter is None) == (kwargs["SCHEDULE"] != 3)
+        if fp16_counter is not None:
+            assert fp16_counter.numel() == 1
 
 
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
@@ -173,8 +183,10 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q) is full
     assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q - 1) is None
     three = configs.FWD_HOPPER[(64, True)]
-    assert (three.block_m, three.below) == (192, None) and three.min_seqlen_q > 1
-    assert picked(three.min_seqlen_q - 1, 64, True) is None
+    two = three.below
+    assert (three.block_m, two.block_m, two.below) == (192, 128, None) and three.min_seqlen_q > two.min_seqlen_q > 1
+    assert picked(two.min_seqlen_q - 1, 64, True) is None
+    assert picked(two.min_seqlen_q, 64, True) is two and picked(three.min_seqlen_q - 1, 64, True) is two
     assert picked(three.min_seqlen_q, 64, True) is three
     for causal in (False, True):
         top = configs.FWD_HOPPER[(128, causal)]

@@ -8,11 +8,11 @@ has no row in it, which that consumer skips; a head's one-tile middle pair) come
 the last items being single tiles, heaviest first, so that the programs finish together. A loader warp
 streams each item's Q and the K and V tiles its rows may see through a ring of shared-memory stages with TMA, each
 stage guarded by mbarriers (K ready, V ready, K free once every Q·Kᵀ read it, V free once every P·V did). Two
-consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix products as asynchronous
-wgmma and the online softmax in registers (240 registers each with two, 160 with three; the loader keeps 24). Each
-step a consumer issues Q·Kᵀ of tile j with P·V of tile j-1, then runs the softmax of tile j; the consumers take turns
-at the tensor cores (ping-pong, in a ring; a config switch, off at D=256),
-so that one's softmax runs under the others' products. O leaves in 16-byte runs of a row, not in the wgmma layout's
+consumer warpgroups (three with 192-row tiles, as D=64 takes), 64 rows each, run the matrix products as
+asynchronous wgmma and the online softmax in registers (240 registers each with two, 160 with three; the loader
+keeps 24). Each step a consumer issues Q·Kᵀ of tile j with P·V of tile j-1, then runs the softmax of tile j; the
+consumers take turns at the tensor cores (ping-pong, in a ring; a config switch, off at D=256), so that one's
+softmax runs under the others' products. O leaves in 16-byte runs of a row, not in the wgmma layout's
 4-byte pieces: D=64 converts through triton's scratch, D=128 (no shared memory to spare) through its rows of the
 item's last K tile (STAGE_K: a barrier waits for every consumer's last Q·Kᵀ, and that K is freed after the epilogue);
 with two K/V stages D=128 has room for an O tile per consumer instead, which a TMA store reads while the next item
@@ -21,6 +21,12 @@ that its fp32 copy is not alive beside the next scores, and from 2k rows keeps Q
 (Q_REGS): shared memory then feeds only K and V to the tensor cores, and the loader may refill a consumer's Q tile at
 the start of the item. Each thread keeps its own share of the row sums of P (LANE_SUMS), which the four lanes holding
 a row add once per item, not every step.
+
+FROZEN_MAX (bf16): every K/V tile after an item's first is exponentiated against the first tile's row maxima, so a
+step has no row maximum, no rescaling of O and no correction of l; P may exceed 1, which floating point carries
+exactly until something overflows. A warpgroup whose row sums reach 2^64 (or inf / NaN) stores nothing and queues
+its rows in ``counter``; once every program is done, the launch's last one recomputes them exactly
+(kernels/exact_rows.py).
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -38,11 +44,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .. import configs
+from .exact_rows import FROZEN_LIMIT, exact_rows
 from .online_softmax import LN2, LOG2E, online_softmax_step
 from .replay import Replay, Replays, aligned, detach_descriptor, stream_handle
 from .tiles import cdiv, num_sms
 
 WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
+REDO_QUEUE = gl.constexpr(3)  # counter: [0] claims (SCHEDULE 3), [1] codes queued for _redo, [2] consumers done, queue
 
 
 @triton.constexpr_function
@@ -287,7 +296,9 @@ def _lane_sums(l_i, alpha, p, BLOCK_N: gl.constexpr, LANE_SUMS: gl.constexpr):
         out = gl.sum(gl.sum(gl.reshape(p, [WG_M, BLOCK_N // 8, 4, 2]), axis=3), axis=1)  # [WG_M, 4]
     else:
         out = gl.sum(p, 1)
-    if l_i is not None:
+    if l_i is not None and alpha is None:
+        out = l_i + out
+    elif l_i is not None:
         if LANE_SUMS:
             out = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, out.type.layout), assert_trivial=True)[:, None] + out
         else:
@@ -339,8 +350,9 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
                   EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr,
-                  Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr):
-    """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items."""
+                  Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, FROZEN_MAX: gl.constexpr):
+    """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items.
+    Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -349,6 +361,7 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
     dtype: gl.constexpr = q_smem.dtype
     q_wg = q_smem.index(wg)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
+    bad = gl.to_tensor(0)  # FROZEN_MAX: 1 where these rows are left to _redo
     if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
         mbarrier.wait(q_bar.index(wg), done & 1)
         mbarrier.arrive(q_free.index(wg))
@@ -393,6 +406,7 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                                                                  CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
                                                EXP2_FMA)
         l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
+        m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         p = _operand(p, p_layout, dtype, EARLY_P)
         for j in range(1, n_own):
             stage = (g + j) % STAGES
@@ -417,15 +431,21 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                     mbarrier.arrive(k_done.index(0))
             if not STAGE_K or j < n_own - 1:
                 mbarrier.arrive(k_free.index(stage))
-            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                     CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                   EXP2_FMA)
-            l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
+            if FROZEN_MAX:
+                p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, BLOCK_N, CAUSAL, s_layout) * qk_scale
+                            - m_ref[:, None])  # [WG_M, BLOCK_N]
+                l_i = _lane_sums(l_i, None, p, BLOCK_N, LANE_SUMS)
+            else:
+                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
+                                                                         CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
+                                                       EXP2_FMA)
+                l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
             if OVERLAP_PV:
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                 mbarrier.arrive(v_free.index(prev))
             p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if not FROZEN_MAX:
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         last = (g + n_own - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
         _take_turn(turn, wg, turns + n_own, PINGPONG)
@@ -436,16 +456,20 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
         _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
                     PINGPONG)
 
-        o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-        if IS_VARLEN:
-            o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
-            lse_offset = h.to(gl.int64) * stride_lh + q_row
+        o_offset, lse_offset = _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+                                            IS_VARLEN)
         if LANE_SUMS:
             l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
+        held = True
+        lse_kept = offs_m < sq
+        if FROZEN_MAX:  # the frozen reference held unless some row sum reached FROZEN_LIMIT (or is inf / NaN)
+            m_i = m_ref
+            bad = gl.max(gl.where((l_i < FROZEN_LIMIT) | (offs_m >= sq), 0, 1), axis=0)
+            held = bad == 0
+            lse_kept = lse_kept & held
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-        gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
+        gl.store(LSE + lse_offset + offs_m, lse, mask=lse_kept)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
         out = (acc * inv_l[:, None]).to(dtype)
         if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
@@ -459,31 +483,100 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
         rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
         ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
-        if STAGE_O and start_m + (wg + 1) * WG_M <= sq:  # rows all in the sequence: a TMA store from shared
+        rows_kept = rows < sq
+        if FROZEN_MAX:
+            rows_kept = rows_kept & held
+        if STAGE_O and start_m + (wg + 1) * WG_M <= sq and held:
             o_wg = o_smem.index(wg)
             tma.store_wait(0)  # the previous item's O has left this tile
             o_wg.store(out)
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
         else:
-            gl.store(ptrs, out, mask=(rows < sq)[:, None])
+            gl.store(ptrs, out, mask=rows_kept[:, None])
         if STAGE_K:
             mbarrier.arrive(k_free.index(last))
+    return bad
+
+
+@gluon.jit
+def _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, IS_VARLEN: gl.constexpr):
+    """Where a head's rows of sequence b start in O and in LSE."""
+    o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+    if IS_VARLEN:
+        o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
+        lse_offset = h.to(gl.int64) * stride_lh + q_row
+    return o_offset, lse_offset
+
+
+@triton.constexpr_function
+def _one_lane():
+    return gl.BlockedLayout([1], [32], [4], [0])
+
+
+@gluon.jit
+def _counter_op(counter, index, value, XCHG: gl.constexpr = False):
+    """One atomic on counter[index] for the whole warpgroup (acquire-release, GPU scope): its old value."""
+    lane = gl.arange(0, 128, layout=_one_lane())
+    ptrs = counter + index + lane * 0
+    if XCHG:
+        old = gl.atomic_xchg(ptrs, value + lane * 0, mask=lane == 0)
+    else:
+        old = gl.atomic_add(ptrs, value + lane * 0, mask=lane == 0)
+    return gl.max(gl.where(lane == 0, old, 0), axis=0)
+
+
+@gluon.jit
+def _push_redo(counter, code):
+    """FROZEN_MAX: queue one warpgroup's rows of a work item (code = (head · n_m + Q tile) · NUM_WG + warpgroup) for
+    _redo. counter[1] counts the queued codes, which start at counter[REDO_QUEUE]."""
+    slot = _counter_op(counter, 1, 1)
+    _counter_op(counter, REDO_QUEUE + slot, code, XCHG=True)
+
+
+@gluon.jit
+def _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+          q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
+          seqlen_k, nheads, group,
+          n_m, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr):
+    """FROZEN_MAX, once a program's partitions are done: counter[2] counts the programs, and the launch's last one
+    (every queued code is in by then) computes the queued rows exactly (exact_rows), then sets the counts back to 0
+    for the stream's next launch."""
+    NUM_WG: gl.constexpr = BLOCK_M // WG_M
+    if _counter_op(counter, 2, 1) == gl.num_programs(0) - 1:
+        n_redo = _counter_op(counter, 1, 0)  # (not in range(): its bound is emitted twice)
+        for i in range(n_redo):
+            code = _counter_op(counter, REDO_QUEUE + i, 0)
+            tile = code // NUM_WG
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
+                tile // n_m, tile % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
+                k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            o_offset, lse_offset = _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+                                                IS_VARLEN)
+            exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h, k_row,
+                       (h // group) * k_col_h, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset, lse_offset,
+                       stride_on, qk_scale, HEAD_DIM, CAUSAL, MAY_BE_EMPTY)
+        _counter_op(counter, 1, 0, XCHG=True)  # the counts back to 0 for the stream's next launch
+        _counter_op(counter, 2, 0, XCHG=True)
 
 
 @gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-              code_smem, k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+              code_smem, k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
               k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
               group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
               MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
               STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr):
+              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr, FROZEN_MAX: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
-    runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done."""
+    runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done. With FROZEN_MAX, rows whose
+    frozen reference failed are queued for _redo."""
+    NUM_WG: gl.constexpr = BLOCK_M // WG_M
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
@@ -493,11 +586,15 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
                 code // n_m, code % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
                 k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
-            _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-                          k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
-                          turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV,
-                          EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS, LANE_SUMS, SKIP_IDLE)
+            bad = _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
+                                k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
+                                turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
+                                OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS, LANE_SUMS, SKIP_IDLE,
+                                FROZEN_MAX)
+            if FROZEN_MAX:
+                if bad > 0:
+                    _push_redo(counter, (code * NUM_WG + wg))
             g += n_tiles
             turns += n_tiles + 1
             done += 1
@@ -508,11 +605,15 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
                 seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
             if start_m < sq:
-                _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-                              k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
-                              turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
-                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                              OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS, LANE_SUMS, SKIP_IDLE)
+                bad = _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free,
+                                    v_free, k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles,
+                                    n_full, g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb,
+                                    stride_lh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN,
+                                    MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                                    LANE_SUMS, SKIP_IDLE, FROZEN_MAX)
+                if FROZEN_MAX:
+                    if bad > 0:
+                        _push_redo(counter, ((b * nheads + h) * n_m + start_m // BLOCK_M) * NUM_WG + wg)
                 g += n_tiles
                 turns += n_tiles + 1
                 done += 1
@@ -521,15 +622,16 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
 
 
 @gluon.jit
-def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q, cu_seqlens_k, counter, tail_heads,
-                            q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
+def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width,
+                            cu_seqlens_q, cu_seqlens_k, counter, tail_heads, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                            k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
                             stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
                             PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
                             STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
                             LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr,
-                            REGS: gl.constexpr):
+                            FROZEN_MAX: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see _item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
     ``counter``, see _lpt_item) (with a persistent grid the loader fetches
@@ -573,23 +675,23 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
                             v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
                             q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
@@ -598,22 +700,27 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, cu_seqlens_q
     else:
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                      k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-                      group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
+                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
                       IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE)),
+                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
                             v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
                             q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
                             BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
         ], [4, 1], [REGS, 24])
+    if FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
+        _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+              q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
+              seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN,
+              MAY_BE_EMPTY)
 
 
 def _layout(t, varlen):
@@ -675,19 +782,36 @@ def uses_claims(config, causal, varlen, seqlen_q):
             <= config.persistent_max_seqlen)
 
 
-def _counter(device):
-    """The counter a SCHEDULE 3 launch claims from. Eager: one per stream, made on its first launch (each launch's
-    last claim sets it back to 0, so the launches of a stream, in order, each start from 0). While a CUDA graph is
-    captured: one of the graph's own, zeroed in the graph before the kernel, so that graphs replayed at once on
-    different streams do not share one."""
+def uses_frozen_max(config, dtype):
+    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow to 2^64, past fp16's range), unless
+    FLASHTILE_FROZEN_MAX=0 (configs.FROZEN_MAX) turned it off."""
+    return config.frozen_max and configs.FROZEN_MAX and dtype == torch.bfloat16
+
+
+def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q):
+    """How many int32 the launch's counter needs (0: none): the claims counter (SCHEDULE 3), and with FROZEN_MAX
+    the queue of _redo, a place for every (head, Q tile, consumer warpgroup)."""
+    varlen = cu_seqlens_q is not None
+    batch, seqlen_q = (cu_seqlens_q.numel() - 1, max_seqlen_q) if varlen else (q.shape[0], q.shape[1])
+    if uses_frozen_max(config, q.dtype):
+        return REDO_QUEUE.value + batch * q.shape[-2] * cdiv(seqlen_q, config.block_m) * (config.block_m // WG_M.value)
+    return 1 if uses_claims(config, causal, varlen, seqlen_q) else 0
+
+
+def _counter(device, size):
+    """The zeroed int32 counter (at least ``size`` of them) a launch claims items from and queues FROZEN_MAX's
+    failed rows in. Eager: one per stream, made on its first launch, grown when a launch needs more (each launch's
+    last claim, and its last consumer, set their counts back to 0, so the launches of a stream, in order, each start
+    from 0). While a CUDA graph is captured: one of the graph's own, zeroed in the graph before the kernel, so that
+    graphs replayed at once on different streams do not share one."""
     if torch.cuda.is_current_stream_capturing():
-        _GRAPH_COUNTERS.append(torch.zeros(1, dtype=torch.int32, device=device))  # alive as long as any graph may be
+        _GRAPH_COUNTERS.append(torch.zeros(size, dtype=torch.int32, device=device))  # alive while any graph may be
         return _GRAPH_COUNTERS[-1]
     key = (device, stream_handle(device))
-    if key not in _COUNTERS:
+    if key not in _COUNTERS or _COUNTERS[key].numel() < size:
         if len(_COUNTERS) >= 64:  # streams made and dropped call after call (a replay keeps its own counter alive)
             _COUNTERS.clear()
-        _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+        _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
     return _COUNTERS[key]
 
 
@@ -696,7 +820,8 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
     call of a launch key goes through Triton; later ones replay it (kernels/replay.py) with descriptors
     of this call's tensors."""
-    counter = _counter(q.device) if uses_claims(config, causal, cu_seqlens_q is not None, q.shape[1]) else None
+    size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
+    counter = _counter(q.device, size) if size else None
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, out.stride(), lse.stride(),
            None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, causal, bottom_right,
            config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k), None if counter is None else counter.data_ptr())
@@ -705,7 +830,8 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                                          causal, bottom_right, config, counter)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
-                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k"])
+                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Qp", "Kp", "Vp", "cu_seqlens_q",
+                         "cu_seqlens_k"])
         if replay.compiled is not None:
             replay.descriptors = [detach_descriptor(d) for d in args[:4]]
             replay.stage_o = kwargs["STAGE_O"]
@@ -713,7 +839,7 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     else:
         tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
         descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, tensors))
-        replay.run(q.device, *descs, out, lse, cu_seqlens_q, cu_seqlens_k)
+        replay.run(q.device, *descs, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
 def _descriptor(t, block_shape, layout):
@@ -733,7 +859,8 @@ def _smem_layout(block, head_dim, dtype):
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
                 config, counter=None):
     """(grid, args, kwargs) of the kernel launch (scripts/compile_sm90.py compiles from them without a GPU).
-    ``counter``: a zeroed int32 the SCHEDULE 3 programs claim items from (None: no claims, or a new one)."""
+    ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
+    failed rows in (None: not needed, or a new one)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, varlen)
@@ -763,10 +890,13 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     if uses_claims(config, causal, varlen, seqlen_q):
         schedule, tail_heads = 3, min(n_bh, cdiv(config.claims * sms, n_half))  # the tail: claims rounds of pairs
         n_work = (n_bh - tail_heads) * n_half + tail_heads * n_m  # (see _lpt_item)
-        if counter is None:
-            counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     grid = (min(n_work, sms) if persistent else n_work, )
-    args = (*descs, out, lse, cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 else None, tail_heads, q_rows_b,
+    frozen = uses_frozen_max(config, q.dtype)
+    if (schedule == 3 or frozen) and counter is None:
+        counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q), dtype=torch.int32,
+                              device=q.device)
+    args = (*descs, out, lse, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0), cu_seqlens_q, cu_seqlens_k,
+            counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
             q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
             nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
@@ -775,6 +905,6 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
                   EARLY_P=config.early_p, Q_REGS=config.q_regs, LANE_SUMS=config.lane_sums,
-                  SKIP_IDLE=config.skip_idle, SCHEDULE=schedule,
+                  SKIP_IDLE=config.skip_idle, SCHEDULE=schedule, FROZEN_MAX=frozen,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs

@@ -1,0 +1,64 @@
+"""The Hopper forward's way back when a frozen reference fails (kernels/fwd_hopper.py, FROZEN_MAX).
+
+With FROZEN_MAX each K/V tile after an item's first is exponentiated against the first tile's row maxima,
+so P may exceed 1. That is exact in floating point as long as nothing overflows; a row sum past 2^64 (scores
+rising more than ~40 log2 units past the first tile's, or inf / NaN) sends the warpgroup's 64 rows here:
+the plain online softmax (online_softmax_step, each tile's own maxima), with pointer loads and mma.sync from
+global memory. It runs rarely, so it is written to be read, not to be fast.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .online_softmax import LN2, online_softmax_step
+
+FROZEN_LIMIT = gl.constexpr(2.0**64)  # a row sum at or past this (or not finite) falls back
+
+
+@gluon.jit
+def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, k_col, first, sq, sk, diag,
+               o_offset, lse_offset, stride_on, qk_scale, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+               MAY_BE_EMPTY: gl.constexpr):
+    """O and LSE of query rows first .. first + 63 of one head: Q's at rows q_row + first .. of the Q view
+    (q_width elements a row) from column q_col, the keys' at rows k_row .. of the K and V views from column
+    k_col; O at o_offset + row · stride_on, LSE at lse_offset + row."""
+    BLOCK_N: gl.constexpr = 16
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [4, 1], [1, 0])  # 16 B a load
+    dtype: gl.constexpr = Q.dtype.element_ty
+
+    offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows))
+    rows_q = first + gl.arange(0, 64, layout=gl.SliceLayout(1, rows))
+    m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma))
+    l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, mma))
+    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=mma)
+    hi = sk
+    if CAUSAL:
+        hi = gl.minimum(hi, first + 64 + diag)
+    for start in range(0, hi, BLOCK_N):  # (Q read again each tile: registers are few beside the consumer's state)
+        q = gl.load(Q + (q_row + rows_q).to(gl.int64)[:, None] * q_width + q_col + cols[None, :],
+                    mask=(rows_q < sq)[:, None], other=0.0)  # [64, HEAD_DIM]
+        q = gl.convert_layout(q, a_op)
+        keys = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
+        k = gl.load(K + (k_row + keys).to(gl.int64)[:, None] * k_width + k_col + cols[None, :],
+                    mask=(keys < sk)[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        s = mma_v2(q, gl.convert_layout(gl.permute(k, (1, 0)), b_op), gl.zeros([64, BLOCK_N], gl.float32, layout=mma))
+        offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        ok = offs_n[None, :] < sk
+        if CAUSAL:
+            ok = ok & (offs_n[None, :] <= offs_m[:, None] + diag)
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, gl.where(ok, s, float("-inf")), qk_scale, MAY_BE_EMPTY)
+        v = gl.load(V + (k_row + keys).to(gl.int64)[:, None] * v_width + k_col + cols[None, :],
+                    mask=(keys < sk)[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        acc = mma_v2(gl.convert_layout(p.to(dtype), a_op), gl.convert_layout(v, b_op), acc * alpha[:, None])
+
+    empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+    gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
+    out = (acc * (1.0 / gl.where(empty, 1.0, l_i))[:, None]).to(dtype)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+    gl.store(O + o_offset + offs_m.to(gl.int64)[:, None] * stride_on + cols[None, :], out,
+             mask=(offs_m < sq)[:, None])
