@@ -1,7 +1,7 @@
 """Tile configurations: plain data, one entry per (arch, padded head dim, causal), each with the run
 that chose it. ``python -m flashtile.bench.tune`` re-runs the sweep; docs/perf.md keeps its output."""
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 
@@ -269,19 +269,34 @@ def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     return BWD_GENERIC[head_dim_pad]
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The split-KV decode tiles (the query rows of a program are set by the group x new tokens)."""
+    block_n: int  # keys per step
+    num_warps: int
+    num_stages: int
+    key_groups: int = 1  # groups of block_n / key_groups keys per tile, each with its own softmax state
+
+
 # Decode (split-KV): block_n keys per step; block_m is set by the query rows (group x new tokens).
 # `python -m flashtile.bench.decode --sweep` on 2026-11-29 (docs/results/decode-sweep-v3.md, CUDA-graph
 # times, D=128): 128 keys, 4 warps, 3 stages was best or within 3 % of the best at every shape (4.52 TB/s at
 # B=8, L=128k). One such program fills an SM's shared memory, so the best split count made about one wave of
 # programs: 16 splits at B=1, 2 at B=8 (B=8, L=4k: 37 µs against 44 at 8 splits), 1 at B=32 (L=4k).
 # D=32/64/256 unswept.
-DECODE_SM90 = {32: TileConfig(16, 128, 4, 3), 64: TileConfig(16, 128, 4, 3), 128: TileConfig(16, 128, 4, 3),
-               256: TileConfig(16, 64, 4, 3)}
+DECODE_SM90 = {32: DecodeConfig(128, 4, 3), 64: DecodeConfig(128, 4, 3), 128: DecodeConfig(128, 4, 3),
+               256: DecodeConfig(64, 4, 3)}
 # One split (batch x KV heads fill the SMs, so programs come in waves): 2 stages. B=32, L=4k: 3.94 against 3.89
 # TB/s for 3 stages in `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v5-eager.md, eager,
 # cuDNN 3.95 in the same turns), 122 against 124 µs in decode-sweep-v4's CUDA graphs; a tie at L=32k and 128k.
-DECODE_SM90_WAVES = {128: TileConfig(16, 128, 4, 2)}
-DECODE_INTERPRETER = TileConfig(16, 64, 4, 1)
+DECODE_SM90_WAVES = {128: DecodeConfig(128, 4, 2)}
+# From DECODE_GROUPED_FROM keys per program on, the tile's keys go in one group per warp (docs/perf.md, decode v11;
+# scripts/decode_l2_probe.py, D=128, docs/results/decode-v12-probe.md): B=32, L=128k 3665-3672 µs against 3678-3683
+# with one group (cuDNN 3658); B=8 and B=32 at 32k-64k keys per program a tie; below, one group is faster (B=32,
+# L=4k: 132.7-133.3 against 136.9-137.6 µs; B=1, L=4k: 16.7-16.8 against 18.6-18.7), the groups' merge at the end
+# costing more than their steps save.
+DECODE_KEY_GROUPS, DECODE_GROUPED_FROM = 4, 32768
+DECODE_INTERPRETER = DecodeConfig(64, 4, 1, key_groups=2)  # two groups: the CPU tests run the groups' merge
 DECODE_MIN_CHUNK = 256  # keys per split at least
 DECODE_MAX_SPLITS = 16  # more splits only lengthen the merge (B=1, L=32k: 37 µs at 16, 46 µs at 64)
 
@@ -292,8 +307,18 @@ def decode_splits(programs, capacity, num_sms):
     return max(1, min(num_sms // programs, DECODE_MAX_SPLITS, -(-capacity // DECODE_MIN_CHUNK)))
 
 
-def decode_config(head_dim_pad, interpreter, waves=False):
-    """The decode tiles; ``waves``: (batch, KV head) programs alone fill the SMs (one split)."""
+def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
+    """The decode tiles; ``waves``: (batch, KV head) programs alone fill the SMs (one split); ``chunk``: keys per
+    program."""
     if interpreter:
         return DECODE_INTERPRETER
-    return DECODE_SM90_WAVES.get(head_dim_pad, DECODE_SM90[head_dim_pad]) if waves else DECODE_SM90[head_dim_pad]
+    config = DECODE_SM90_WAVES.get(head_dim_pad, DECODE_SM90[head_dim_pad]) if waves else DECODE_SM90[head_dim_pad]
+    if chunk >= DECODE_GROUPED_FROM:
+        config = replace(config, key_groups=DECODE_KEY_GROUPS)
+    return config
+
+
+def decode_configs_sm90():
+    """Every (padded head dim, config) decode_config can pick on sm90."""
+    plain = [*DECODE_SM90.items(), *DECODE_SM90_WAVES.items()]
+    return plain + [(pad, replace(c, key_groups=DECODE_KEY_GROUPS)) for pad, c in plain]

@@ -241,9 +241,10 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
-    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), programs >= sms)
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)
+    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), programs >= sms,
+                                             cdiv(capacity, max(num_splits, 1)))
     chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
     out = torch.empty_like(q)

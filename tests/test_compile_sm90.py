@@ -24,7 +24,7 @@ def test_forward_compiles_for_sm90():
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel", "flash_decode_split_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
-    decode = len(configs.DECODE_SM90) + len(configs.DECODE_SM90_WAVES)
+    decode = len(configs.decode_configs_sm90())
     hopper_fwd = sum(len(list(configs.hopper_fwd_chain(c))) for c in configs.FWD_HOPPER.values())
     assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER) + 2 * decode
                          + hopper_fwd * len(hopper))

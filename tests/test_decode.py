@@ -227,6 +227,45 @@ def test_alibi(causal, per_batch):
             assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
+@pytest.mark.parametrize("layout", ["contiguous", "batch-idx", "paged16"])
+@pytest.mark.parametrize("masks", ["none", "causal-window"])
+@pytest.mark.parametrize("tiles", [(32, 1), (64, 4)], ids=["32keys", "64keys-4groups"])
+def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypatch):
+    """The key loop runs whole tiles unmasked and then the tile that crosses the end masked, its V rows zeroed:
+    lengths that end inside a tile, on a tile's edge, 0 and the full cache (its slots past each length hold
+    inf, which must not reach the output), GQA 8/2, one token or two causal with a window, through a contiguous
+    cache, rows picked by cache_batch_idx, or pages; tiles of one key group, or of four merged at the end."""
+    from flashtile import configs
+    config = configs.DecodeConfig(tiles[0], 4, 1, key_groups=tiles[1])
+    monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: config)
+    batch, capacity, nheads, nheads_k, head_dim = 5, 160, 8, 2, 64
+    lengths = [0, 1, capacity, 97, 64]
+    new = 2 if masks == "causal-window" else 1
+    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
+    k_cache, v_cache = (randn(batch + 1, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    rows = _i32([5, 0, 2, 1, 3]) if layout == "batch-idx" else _i32(list(range(batch)))
+    for row, n in zip(rows.tolist(), lengths):
+        v_cache[row, n:] = float("inf")
+    kwargs = dict(cache_seqlens=_i32(lengths), num_splits=num_splits, return_softmax_lse=True)
+    if masks == "causal-window":
+        kwargs.update(causal=True, window_size=(70, 0))
+    if layout == "paged16":
+        k_pages, table = paged(k_cache[:batch], 16)
+        v_pages = torch.full_like(k_pages, float("inf"))
+        v_pages[table.flatten().long()] = v_cache[:batch].reshape(-1, 16, nheads_k, head_dim)
+        caches, kwargs["block_table"] = (k_pages, v_pages), table
+    elif layout == "batch-idx":
+        caches, kwargs["cache_batch_idx"] = (k_cache, v_cache), rows
+    else:
+        caches = (k_cache[:batch], v_cache[:batch])
+    with poisoned_outputs():
+        out, lse = flashtile.flash_attn_with_kvcache(q, *caches, **kwargs)
+    ref, ref_lse, base = expected(q, k_cache[rows.long()], v_cache[rows.long()], lengths,
+                                  causal=masks == "causal-window", window_size=kwargs.get("window_size", (-1, -1)))
+    assert_attention_close(out, ref, base, lse, ref_lse)
+
+
 def test_split_merge_leaves_its_counters_zeroed():
     """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
     call on new data is right too, and no counter is left counting."""

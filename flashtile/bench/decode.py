@@ -51,16 +51,16 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
 
 
 SWEEP_SHAPES = ((1, 4096), (1, 32768), (8, 4096), (8, 32768), (8, 131072), (32, 4096), (32, 32768))
-SWEEP_CONFIGS = ((128, 4, 3), (128, 4, 2), (64, 4, 3), (64, 4, 2))
+SWEEP_CONFIGS = ((128, 4, 3, 4), (128, 4, 2, 4), (128, 4, 3, 1), (128, 4, 2, 1), (64, 4, 4, 4), (64, 4, 3, 1))
 
 
 def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, splits=(0, 1, 2, 4, 8, 16), rounds=2):
-    """Decode tile configs (block_n, warps, stages) and split counts (0: automatic) on a few shapes, contiguous
-    cache, timed like the bench (eager do_bench, turns with cuDNN in the same loop): KV TB/s (µs) per cell."""
+    """Decode tile configs (block_n, warps, stages, key_groups) and split counts (0: automatic) on a few shapes,
+    contiguous cache, timed like the bench (eager do_bench, turns with cuDNN in the same loop): KV TB/s (µs) per cell."""
     from .. import ops
-    from ..configs import TileConfig
-    candidates = [(TileConfig(16, *c), s) for c in configs for s in splits]
-    print("| block_n, warps, stages, splits | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
+    from ..configs import DecodeConfig
+    candidates = [(DecodeConfig(*c), s) for c in configs for s in splits]
+    print("| block_n, warps, stages, key_groups, splits | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
     print("|---" * (len(shapes) + 1) + "|")
     results = {c: [] for c in [None, *candidates]}
     for batch, seqlen in progress(shapes, "sweep"):
@@ -81,7 +81,7 @@ def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, splits=(0, 1, 2, 4, 8, 16)
         del fns, q, kc, vc
         torch.cuda.empty_cache()
     for key, cells in results.items():
-        name = "cuDNN" if key is None else f"{key[0].block_n}, {key[0].num_warps}, {key[0].num_stages}, {key[1]}"
+        name = "cuDNN" if key is None else ", ".join(str(int(v)) for v in (*vars(key[0]).values(), key[1]))
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
@@ -102,13 +102,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="eager turns each peer takes per shape; best kept")
     parser.add_argument("--out", default="results")
     parser.add_argument("--sweep", action="store_true", help="only sweep the decode tile configs")
-    parser.add_argument("--sweep-configs", type=int, nargs="+", help="block_n warps stages, flat (with --sweep)")
+    parser.add_argument("--sweep-configs", type=int, nargs="+",
+                        help="block_n warps stages key_groups, flat (with --sweep)")
     parser.add_argument("--sweep-splits", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flashtile.bench.decode needs a CUDA GPU")
     if args.sweep:
-        cfgs = SWEEP_CONFIGS if not args.sweep_configs else tuple(zip(*[iter(args.sweep_configs)] * 3))
+        cfgs = SWEEP_CONFIGS if not args.sweep_configs else tuple(zip(*[iter(args.sweep_configs)] * 4))
         return sweep(tuple((b, n) for b in args.batches for n in args.seqlens), cfgs, args.sweep_splits, args.rounds)
     import triton
     os.makedirs(args.out, exist_ok=True)

@@ -32,14 +32,16 @@ def flash_decode_split_kernel(
     PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFTPAD: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, WRITE_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KEY_GROUPS: tl.constexpr,
 ):
     """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
     LSE to Part (float32: the O of every split, then their LSE from lse_part_start on), and the last split of
     a (batch, KV head, row tile) to arrive merges them into Out and LSE; without, the single split writes Out
-    and LSE itself; LSE only with WRITE_LSE. With SOFTCAP the scores are tanh(q·k · softcap_scale), and
-    qk_scale carries the cap (flash-attn's softcap: cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score
-    gets −slope · |i + diag − j| (query i, key j), in units of the logit (alibi_unit = 1 / (cap or scale))."""
+    and LSE itself; LSE only with WRITE_LSE. Each key tile is split in KEY_GROUPS groups, each with its own running
+    max, sum and O, merged once at the end: with one group per warp, no step needs another warp's scores. With
+    SOFTCAP the scores are tanh(q·k · softcap_scale), and qk_scale carries the cap (flash-attn's softcap:
+    cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score gets −slope · |i + diag − j| (query i, key j), in
+    units of the logit (alibi_unit = 1 / (cap or scale))."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads_k).to(tl.int64)
@@ -64,43 +66,31 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
     if HAS_LEFTPAD:  # the sequence's keys start at cache_leftpad[b]: the slots before it are padding
         start = tl.maximum(start, tl.load(cache_leftpad + b))
-    if not PAGED:
-        cache_row = tl.load(batch_idx + b).to(tl.int64) if HAS_BATCH_IDX else b
+    cache_row = b  # the contiguous cache's row of this sequence (unused when PAGED)
+    if HAS_BATCH_IDX and not PAGED:
+        cache_row = tl.load(batch_idx + b).to(tl.int64)
     slopes = alibi_slope(Alibi, b, stride_alibi_b, head, alibi_unit, HAS_ALIBI, row_ok)  # [BLOCK_M]
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    m_i = tl.full([KEY_GROUPS, BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([KEY_GROUPS, BLOCK_M], tl.float32)
+    acc = tl.zeros([KEY_GROUPS, BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    q = tl.broadcast_to(q[None, :, :], [KEY_GROUPS, BLOCK_M, HEAD_DIM_PAD])
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(start, end, BLOCK_N):
-        keys = start_n + offs_n  # [BLOCK_N]
-        if PAGED:
-            page = tl.load(block_table + b * stride_bt + keys // page_size, mask=keys < end, other=0).to(tl.int64)
-            slot = (keys % page_size).to(tl.int64)
-        elif not USE_TMA:
-            page = cache_row + tl.zeros([BLOCK_N], tl.int64)
-            slot = keys.to(tl.int64)
-        kv_ok = (keys < end)[:, None] & d_ok[None, :]
-        if USE_TMA:  # K, V: host-built 4-D descriptors over the contiguous cache, pipelined by the compiler
-            k = K.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0])
-            k = k.reshape(BLOCK_N, HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM]
-        else:
-            k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_kt + h_k * stride_kh + offs_d[None, :],
-                        mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
-        qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        qk, _ = modified_scores(qk, softcap_scale, slopes[:, None],
-                                tl.abs((token + diag)[:, None] - keys[None, :]).to(tl.float32), SOFTCAP, HAS_ALIBI)
-        ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
-        qk = tl.where(ok, qk, float("-inf"))
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
-        if USE_TMA:  # rows past this split's end are real (maybe never written) cache memory: zero them
-            v = V.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
-            v = tl.where(kv_ok, v, 0.0)
-        else:
-            v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vt + h_k * stride_vh + offs_d[None, :],
-                        mask=kv_ok, other=0.0)  # [BLOCK_N, HEAD_DIM]
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    page = tl.zeros([BLOCK_N], tl.int64) + (0 if PAGED else cache_row)  # a contiguous cache's row of each key
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # the tiles before it end before `end`
+    for start_n in tl.range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
+            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag, left,
+            right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA, MASK_LEFT,
+            MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, False)
+    for start_n in tl.range(full_end, end, BLOCK_N):  # the tile that crosses `end`, if any
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
+            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag, left,
+            right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA, MASK_LEFT,
+            MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, True)
 
+    m_i, l_i, acc = merge_groups(m_i, l_i, acc)
     empty = l_i == 0.0
     acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
@@ -132,6 +122,84 @@ def flash_decode_split_kernel(
                  mask=row_ok[:, None] & d_ok[None, :])
         if WRITE_LSE:
             tl.store(LSE + b * stride_lse_b + head * stride_lse_h + token, lse, mask=row_ok)
+
+
+@triton.jit
+def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
+                stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag,
+                left, right, slopes, softcap_scale, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                KEY_GROUPS: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
+                MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                LAST: tl.constexpr):
+    """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys (q, m_i, l_i
+    and acc carry the groups first): scores, the online softmax, P·V into acc. Only the LAST tile (the one that
+    crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with TMA they are real cache memory, maybe
+    never written); every other tile's V goes from shared memory straight to the tensor cores."""
+    GROUP_N: tl.constexpr = BLOCK_N // KEY_GROUPS
+    keys = start_n + offs_n  # [BLOCK_N]
+    if USE_TMA:  # K, V: host-built 4-D descriptors over the contiguous cache, pipelined by the compiler
+        k = K.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+    else:
+        k = cache_tile(K, block_table, b, page, keys, end, page_size, stride_bt, stride_kp, stride_kt, stride_kh,
+                       h_k, offs_d, d_ok, PAGED, LAST)
+    k = tl.permute(k.reshape(KEY_GROUPS, GROUP_N, HEAD_DIM_PAD), (0, 2, 1))  # [KEY_GROUPS, HEAD_DIM, GROUP_N]
+    zeros = tl.zeros([KEY_GROUPS, q.shape[1], GROUP_N], tl.float32)
+    qk = group_dot(q, k, zeros, DOT_PRECISION)  # [KEY_GROUPS, BLOCK_M, GROUP_N]
+    if HAS_ALIBI:
+        dist = tl.abs((token + diag)[:, None] - keys[None, :]).to(tl.float32)  # [BLOCK_M, BLOCK_N]
+        dist = tl.permute(dist.reshape(token.shape[0], KEY_GROUPS, GROUP_N), (1, 0, 2))
+        qk, _ = modified_scores(qk, softcap_scale, slopes[None, :, None], dist, SOFTCAP, HAS_ALIBI)
+    else:
+        qk, _ = modified_scores(qk, softcap_scale, 0.0, 0.0, SOFTCAP, HAS_ALIBI)
+    if LAST or MASK_LEFT or MASK_RIGHT:
+        ok = tl.broadcast_to(band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT),
+                             [token.shape[0], BLOCK_N])
+        qk = tl.where(tl.permute(ok.reshape(token.shape[0], KEY_GROUPS, GROUP_N), (1, 0, 2)), qk, float("-inf"))
+    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True, AXIS=2)
+    if USE_TMA:
+        v = V.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+        if LAST:
+            v = tl.where((keys < end)[:, None] & d_ok[None, :], v, 0.0)
+    else:
+        v = cache_tile(V, block_table, b, page, keys, end, page_size, stride_bt, stride_vp, stride_vt, stride_vh,
+                       h_k, offs_d, d_ok, PAGED, LAST)
+    acc = acc * alpha[:, :, None]
+    acc = group_dot(p.to(v.dtype), v.reshape(KEY_GROUPS, GROUP_N, HEAD_DIM_PAD), acc, DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def group_dot(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """acc + a·b per key group, a [G, M, K], b [G, K, N]; one group as a 2-D dot (a batched dot of one lays every
+    warp over the same rows)."""
+    if a.shape[0] == 1:
+        return tl.dot(a.reshape(a.shape[1], a.shape[2]), b.reshape(b.shape[1], b.shape[2]),
+                      acc.reshape(acc.shape[1], acc.shape[2]), input_precision=DOT_PRECISION).reshape(acc.shape)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def merge_groups(m_i, l_i, acc):
+    """The key groups' statistics m_i, l_i [KEY_GROUPS, BLOCK_M] and unnormalized O [KEY_GROUPS, BLOCK_M, D] as one
+    set over all their keys: each group rescaled to the largest max (an empty group, max −inf, weighs 0)."""
+    m = tl.max(m_i, 0)  # [BLOCK_M]
+    w = tl.math.exp2(m_i - tl.where(m == float("-inf"), 0.0, m)[None, :])  # [KEY_GROUPS, BLOCK_M]
+    return m, tl.sum(l_i * w, 0), tl.sum(acc * w[:, :, None], 0)
+
+
+@triton.jit
+def cache_tile(X, block_table, b, page, keys, end, page_size, stride_bt, stride_xp, stride_xt, stride_xh, h_k, offs_d,
+               d_ok, PAGED: tl.constexpr, MASKED: tl.constexpr):
+    """The cache rows ``keys`` [BLOCK_N] of KV head h_k by pointers (0 from ``end`` on when MASKED): through the page
+    table when PAGED, else rows of the cache row ``page`` [BLOCK_N] (one value)."""
+    ok = keys < end if MASKED else keys >= 0
+    if PAGED:
+        page = tl.load(block_table + b * stride_bt + keys // page_size, mask=ok, other=0).to(tl.int64)
+        slot = (keys % page_size).to(tl.int64)
+    else:
+        slot = keys.to(tl.int64)
+    return tl.load(X + page[:, None] * stride_xp + slot[:, None] * stride_xt + h_k * stride_xh + offs_d[None, :],
+                   mask=ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, HEAD_DIM]
 
 
 @triton.jit
@@ -271,6 +339,7 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
                   HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                   WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
+                  KEY_GROUPS=config.key_groups,
                   num_warps=config.num_warps, num_stages=config.num_stages)
     slots = ["Q", "Part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx", "cache_leftpad",
              "Alibi"]

@@ -46,25 +46,31 @@ def exp2_fma(x, EVERY: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2_FMA: tl.constexpr = 0):
-    """Fold the raw scores ``qk`` [BLOCK_M, BLOCK_N] into the running statistics.
+def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2_FMA: tl.constexpr = 0,
+                        AXIS: tl.constexpr = 1):
+    """Fold the raw scores ``qk`` [BLOCK_M, BLOCK_N] into the running statistics (their keys along AXIS: 2 for
+    [groups, BLOCK_M, BLOCK_N] scores, each group of keys with its own statistics).
 
     Returns ``p`` = exp2(qk·qk_scale − m_new) [BLOCK_M, BLOCK_N], ``alpha`` = exp2(m_i − m_new) (the
     factor that rescales what was accumulated so far), ``m_new`` and ``l_new``. Masked scores are −inf;
     with ``MAY_BE_EMPTY`` a row whose scores are all −inf so far keeps p = 0 and l = 0 instead of NaN.
     ``EXP2_FMA`` > 0 computes one in that many exponentials of p by polynomial (exp2_fma).
     """
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
+    m_new = tl.maximum(m_i, tl.max(qk, AXIS) * qk_scale)  # [BLOCK_M]
     if MAY_BE_EMPTY:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    if EXP2_FMA > 0:
-        p = exp2_fma(qk * qk_scale - m_ref[:, None], EXP2_FMA)  # [BLOCK_M, BLOCK_N]
+    if AXIS == 1:
+        m_col = m_ref[:, None]
     else:
-        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
+        m_col = tl.expand_dims(m_ref, AXIS)
+    if EXP2_FMA > 0:
+        p = exp2_fma(qk * qk_scale - m_col, EXP2_FMA)  # [BLOCK_M, BLOCK_N]
+    else:
+        p = tl.math.exp2(qk * qk_scale - m_col)  # [BLOCK_M, BLOCK_N]
     alpha = tl.math.exp2(m_i - m_ref)  # [BLOCK_M]
-    l_new = l_i * alpha + tl.sum(p, 1)
+    l_new = l_i * alpha + tl.sum(p, AXIS)
     return p, alpha, m_new, l_new
 
 
