@@ -290,11 +290,11 @@ DECODE_SM90 = {32: DecodeConfig(128, 4, 3), 64: DecodeConfig(128, 4, 3), 128: De
 # TB/s for 3 stages in `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v5-eager.md, eager,
 # cuDNN 3.95 in the same turns), 122 against 124 µs in decode-sweep-v4's CUDA graphs; a tie at L=32k and 128k.
 DECODE_SM90_WAVES = {128: DecodeConfig(128, 4, 2)}
-# From DECODE_GROUPED_FROM keys per program on, the tile's keys go in one group per warp (docs/perf.md, decode v11;
-# scripts/decode_l2_probe.py, D=128, docs/results/decode-v12-probe.md): B=32, L=128k 3665-3672 µs against 3678-3683
-# with one group (cuDNN 3658); B=8 and B=32 at 32k-64k keys per program a tie; below, one group is faster (B=32,
-# L=4k: 132.7-133.3 against 136.9-137.6 µs; B=1, L=4k: 16.7-16.8 against 18.6-18.7), the groups' merge at the end
-# costing more than their steps save.
+# From DECODE_GROUPED_FROM keys per program on, the tile's keys go in one group per warp (docs/perf.md, decode v12;
+# scripts/decode_l2_probe.py, D=128, docs/results/decode-run32.md calls 5-6): B=32, L=128k 3665-3672 µs against
+# 3678-3683 with one group (cuDNN 3658); B=8 and B=32 at 32k-64k keys per program a tie; below, one group is faster
+# (B=32, L=4k: 132.7-133.3 against 136.9-137.6 µs; B=1, L=4k: 16.7-16.8 against 18.6-18.7), the groups' merge at the
+# end costing more than their steps save.
 DECODE_KEY_GROUPS, DECODE_GROUPED_FROM = 4, 32768
 DECODE_INTERPRETER = DecodeConfig(64, 4, 1, key_groups=2)  # two groups: the CPU tests run the groups' merge
 DECODE_MIN_CHUNK = 256  # keys per split at least

@@ -243,9 +243,9 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)
-    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), programs >= sms,
-                                             cdiv(capacity, max(num_splits, 1)))
-    chunk = cdiv(cdiv(capacity, max(num_splits, 1)), config.block_n) * config.block_n
+    per_split = cdiv(capacity, max(num_splits, 1))
+    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), programs >= sms, per_split)
+    chunk = cdiv(per_split, config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if want_lse else None

@@ -77,18 +77,14 @@ def flash_decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     page = tl.zeros([BLOCK_N], tl.int64) + (0 if PAGED else cache_row)  # a contiguous cache's row of each key
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # the tiles before it end before `end`
-    for start_n in tl.range(start, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
-            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag, left,
-            right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA, MASK_LEFT,
-            MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, False)
-    for start_n in tl.range(full_end, end, BLOCK_N):  # the tile that crosses `end`, if any
-        acc, m_i, l_i = attend_tile(
-            acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
-            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag, left,
-            right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA, MASK_LEFT,
-            MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, True)
+    for last in tl.static_range(2):  # the whole tiles, then the tile that crosses `end`, if any
+        lo, hi = (full_end, end) if last else (start, full_end)
+        for start_n in tl.range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = attend_tile(
+                acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
+                stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag,
+                left, right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA,
+                MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, last == 1)
 
     m_i, l_i, acc = merge_groups(m_i, l_i, acc)
     empty = l_i == 0.0
