@@ -4,9 +4,10 @@ one key of one head is 256 contiguous bytes, one key of all eight heads 2 KB.
 
     PYTHONPATH=. python scripts/decode_read_floor.py [--batches 8 32] [--seqlens 32768 131072]
 
-Patterns "floor {heads}h×{keys}k/{boxes}box s{stages}": 256 programs (the keys split to make them), each step
-64 KB of K and V: 128 keys of one head (the shipped decode's tiles), 32 keys of four heads (1 KB rows), 16 keys of
-all eight (2 KB rows) as one TMA box or as eight boxes of one head; a ring of 2 stages (two programs an SM) or 3.
+Patterns "floor {heads}h×{keys}k/{boxes}box s{stages} p{programs} w{warps}" (--patterns, six numbers each): the keys
+split to make that many programs; by default (run 33) 256 programs, each step 64 KB of K and V: 128 keys of one head
+(the shipped decode's tiles), 32 keys of four heads (1 KB rows), 16 keys of all eight (2 KB rows) as one TMA box or
+as eight boxes of one head; a ring of 2 stages (two programs an SM) or 3.
 """
 import argparse
 import functools
@@ -15,6 +16,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+PATTERNS = [1, 128, 1, 2, 256, 4, 4, 32, 1, 2, 256, 4, 8, 16, 1, 2, 256, 4, 8, 16, 8, 2, 256, 4, 8, 16, 1, 3, 256, 4,
+            8, 16, 8, 3, 256, 4]  # run 33, call 5
 
 
 @triton.jit
@@ -53,26 +58,30 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[32768, 131072])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--patterns", type=int, nargs="+", default=PATTERNS,
+                        help="heads keys boxes stages programs warps, flat")
+    parser.add_argument("--flush", default="dirty", choices=["dirty", "clean"])
     args = parser.parse_args()
     from flashtile import set_value_checks
     from flashtile.bench.__main__ import best_of_turns
     from flashtile.bench.decode import peers
     from scripts.decode_l2_probe import flushes, median_us
     set_value_checks(False)
-    flush = flushes()["dirty"]
-    patterns = [(1, 128, 1, 2), (4, 32, 1, 2), (8, 16, 1, 2), (8, 16, 8, 2), (8, 16, 1, 3), (8, 16, 8, 3)]
-    name = "floor {}h×{}k/{}box s{}".format
+    flush = flushes()[args.flush]
+    patterns = list(zip(*[iter(args.patterns)] * 6))
+    name = "floor {}h×{}k/{}box s{} p{} w{}".format
     names = ["cuDNN", "flashtile"] + [name(*p) for p in patterns]
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
-    print("\nKV TB/s (µs), do_bench's dirty flush, best of", args.rounds, "turns\n")
+    print(f"\nKV TB/s (µs), {args.flush} flush (dirty: do_bench's), best of", args.rounds, "turns\n")
     print("| B | L | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 2) + "|")
     for batch in args.batches:
         for seqlen in args.seqlens:
             fns = peers(batch, seqlen)
             kc, vc = (torch.randn(batch, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             timers = {"cuDNN": fns["cuDNN"], "flashtile": fns["flashtile"]}
-            for h, bn, boxes, stages in patterns:
-                timers[name(h, bn, boxes, stages)] = floor_fn(kc, vc, h, bn, stages, 4, boxes)[0]
+            for h, bn, boxes, stages, programs, warps in patterns:
+                timers[name(h, bn, boxes, stages, programs, warps)] = floor_fn(kc, vc, h, bn, stages, warps, boxes,
+                                                                               programs)[0]
             best = best_of_turns({n: (lambda f=f: (median_us(f, flush), None)) for n, f in timers.items()},
                                  args.rounds)
             kv = 2 * batch * seqlen * 8 * 128 * 2
