@@ -61,10 +61,7 @@ def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    if AXIS == 1:
-        m_col = m_ref[:, None]
-    else:
-        m_col = tl.expand_dims(m_ref, AXIS)
+    m_col = tl.expand_dims(m_ref, AXIS)
     if EXP2_FMA > 0:
         p = exp2_fma(qk * qk_scale - m_col, EXP2_FMA)  # [BLOCK_M, BLOCK_N]
     else:
