@@ -276,6 +276,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     key_groups: int = 1  # groups of block_n / key_groups keys per tile, each with its own softmax state
+    heads: int = 1  # adjacent KV heads a program reads (block_n keys of each a tile), each with its own state
 
 
 # Decode (split-KV): block_n keys per step; block_m is set by the query rows (group x new tokens).
@@ -301,6 +302,32 @@ DECODE_MIN_CHUNK = 256  # keys per split at least
 DECODE_MAX_SPLITS = 16  # more splits only lengthen the merge (B=1, L=32k: 37 µs at 16, 46 µs at 64)
 
 
+# Several KV heads a program where a key's heads sit side by side in memory (flash-attn's contiguous (batch, seqlen,
+# nheads_k, headdim) cache: one head's key is a 256-byte run, four heads' a 1 KB run). scripts/decode_l2_probe.py
+# --layout key (docs/results/decode-run34.md), µs for four heads / one head a program / cuDNN handed the same cache:
+# B=32, L=32k 960.4 / 972.3 / 967.9 (call 5; call 2 960.5 / 973.2 / 968.1); L=128k 3751.8 / 3832.5 / 3821.7 (3750.7 /
+# 3830.4 / 3825.1); B=8, L=128k 967.2 / 970.8 / 971.3 (967.0 / 973.6 / 974.4). On call 4's faster machine a tie or
+# a loss: 955.0 / 947.2 / 943.0, 3736.0 / 3730.5 / 3724.1, 962.5 / 960.0 / 947.6. With 4k keys a program a loss
+# everywhere (B=8, L=32k 267.7 / 258.3 / 257.2), so from DECODE_HEADS_FROM keys a program on, with the programs
+# filling nine tenths of the SMs (one program an SM: 180 KB of rings).
+DECODE_HEADS_SM90 = {128: DecodeConfig(32, 4, 3, heads=4)}
+DECODE_HEADS_FROM = 16384
+
+
+def decode_heads_config(head_dim_pad, nheads_k, rows, pairs, capacity, num_sms):
+    """The several-heads config where its shape applies (the caller checks the cache: contiguous with a key's heads
+    side by side, TMA-addressable, not paged), else None: one tile of query rows a head (``rows``: group x new tokens,
+    at most 16), ``pairs``: (batch, KV head) programs of one head, ``capacity`` keys of cache."""
+    config = DECODE_HEADS_SM90.get(head_dim_pad)
+    if config is None or nheads_k % config.heads or rows > 16:
+        return None
+    programs = pairs // config.heads
+    splits = decode_splits(programs, capacity, num_sms)
+    if capacity // splits < DECODE_HEADS_FROM or programs * splits < 0.9 * num_sms:
+        return None
+    return config
+
+
 def decode_splits(programs, capacity, num_sms):
     """Split count: one wave of (split, batch, KV head) programs on the SMs (one program fills an SM), within
     [1, DECODE_MAX_SPLITS] and no split under DECODE_MIN_CHUNK keys."""
@@ -321,4 +348,4 @@ def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
 def decode_configs_sm90():
     """Every (padded head dim, config) decode_config can pick on sm90."""
     plain = [*DECODE_SM90.items(), *DECODE_SM90_WAVES.items()]
-    return plain + [(pad, replace(c, key_groups=DECODE_KEY_GROUPS)) for pad, c in plain]
+    return plain + [(pad, replace(c, key_groups=DECODE_KEY_GROUPS)) for pad, c in plain] + [*DECODE_HEADS_SM90.items()]

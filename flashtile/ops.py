@@ -241,6 +241,13 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
+    if config is None and not interpreter_enabled():
+        nheads_k = k_cache.shape[2]
+        heads = configs.decode_heads_config(head_dim_pad(head_dim), nheads_k, nheads // nheads_k * seqlen_q, programs,
+                                            capacity, sms)
+        if heads and block_table is None and _heads_adjacent(k_cache, v_cache):
+            config = heads
+    programs //= config.heads if config else 1
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)
     per_split = cdiv(capacity, max(num_splits, 1))
@@ -257,6 +264,11 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
                   softmax_scale, window_size, config, scratch, leftpad, softcap, _unit_last_stride(alibi_slopes),
                   seqlen_new)
     return out, lse
+
+
+def _heads_adjacent(k_cache, v_cache):
+    """Whether each key holds its KV heads side by side (flash-attn's contiguous layout), TMA-addressable."""
+    return all(t.stride(3) == 1 and t.stride(2) == t.shape[3] and tma_addressable(t) for t in (k_cache, v_cache))
 
 
 _SCRATCH = {}

@@ -24,8 +24,9 @@ FLOATS = {"qk_scale", "softmax_scale", "softcap_scale", "alibi_unit"}
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
-    """tensors: name -> block rows of its tiles (a descriptor in batch mode, a pointer when varlen)."""
+def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
+    """tensors: name -> block rows of its tiles (a descriptor in batch mode, a pointer when varlen); ``heads`` of
+    each a tile (decode's boxes over the heads-first view)."""
     pad = consts["HEAD_DIM_PAD"]
     sig = {}
     for name in kernel.arg_names:
@@ -33,7 +34,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16"):
             sig[name] = "constexpr"
         elif name in tensors:
             kind = "fp32" if name == "dQacc" else dtype
-            sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {tensors[name]}, 1, {pad}]>"
+            box = f"{heads}, {tensors[name]}" if heads > 1 else f"{tensors[name]}, 1"
+            sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {box}, {pad}]>"
         elif name in ("LSE", "Delta", "dQacc", "Part", "Alibi"):
             sig[name] = "*fp32"
         elif name in ("Q", "K", "V", "Out"):  # decode's pointers (its K, V descriptors are listed in tensors)
@@ -86,14 +88,14 @@ def main():
                       DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
         rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
     for pad, cfg in configs.decode_configs_sm90():
-        for paged in (False, True):
+        for paged in (False, True) if cfg.heads == 1 else (False,):
             consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
                           USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
                           MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
                           HAS_ALIBI=False, WRITE_LSE=False, DOT_PRECISION="tf32",
-                          KEY_GROUPS=cfg.key_groups)
+                          KEY_GROUPS=cfg.key_groups, HEADS=cfg.heads)
             tensors = {} if paged else dict(K=cfg.block_n, V=cfg.block_n)
-            kernel = compile_kernel(flash_decode_split_kernel, tensors, consts, cfg, False)
+            kernel = compile_kernel(flash_decode_split_kernel, tensors, consts, cfg, False, heads=cfg.heads)
             rows.append(kernel)
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     for (head_dim, causal), top in configs.FWD_HOPPER.items() if GLUON_VERSION_OK else ():

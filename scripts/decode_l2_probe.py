@@ -7,9 +7,10 @@ reads (docs/perf.md, "Ruled out in run 32", for what evict-first loads did about
 
 --stream: a plain streaming read (sum of a bf16 buffer) with and without evict-first loads, the two flushes.
 Then decode (32/8 heads, D=128, bf16): cuDNN, the shipped config and the configs given by --configs
-(block_n warps stages key_groups splits, flat; stages 0: the shipped count; splits 0: automatic, -k: k times
-automatic), and "before" (kernels/decode_v10.py, a copy of an earlier kernel, where one is there); the peers take
-turns, each keeps its best median µs.
+(block_n warps stages key_groups splits [heads], flat, --fields numbers each; stages 0: the shipped count; splits
+0: automatic, -k: k times automatic), and "before" (kernels/decode_v10.py, a copy of an earlier kernel, where one is
+there); the peers take turns, each keeps its best median µs. --layout key: our cache key-major (flash-attn's), with
+cuDNN and the shipped dispatch also timed on it ("our cache").
 """
 import argparse
 import functools
@@ -144,7 +145,15 @@ def promotion_probe(batches, seqlens, promotions, rounds, flush):
     driver.make_tensordesc_arg = original
 
 
-def decode_probe(batches, seqlens, configs_flat, rounds, fl):
+def cache(batch, seqlen, layout):
+    """A (batch, seqlen, 8, 128) bf16 cache: head-major (SDPA's layout seen through a transpose, as the bench hands
+    it to us) or key-major (flash-attn's, contiguous)."""
+    if layout == "key":
+        return torch.randn(batch, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16)
+    return torch.randn(batch, 8, seqlen, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+
+
+def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fields=5):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from flashtile import ops
@@ -152,24 +161,25 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl):
     from flashtile.bench.__main__ import best_of_turns
     from flashtile.configs import DecodeConfig, decode_config, decode_splits
     from flashtile.kernels import decode
-    cands = list(zip(*[iter(configs_flat)] * 5))
+    cands = list(zip(*[iter(configs_flat)] * fields))
     try:  # the previous kernel, if a copy of it sits beside this one (an A/B in one run)
         from flashtile.kernels import decode_v10 as before
     except ImportError:
         before = None
     names = (["cuDNN", "flashtile (shipped)"] + ["before"] * (before is not None)
+             + ["cuDNN, our cache", "flashtile, our cache"] * (layout == "key")
              + ["/".join(map(str, c)) for c in cands])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for flush_name in fl:
-        print(f"\nflush: {flush_name} — KV TB/s (µs), best of {rounds} turns; columns: block_n/warps/stages (0: "
-              "shipped)/key_groups/splits (0: automatic, -k: k x automatic)\n")
+        print(f"\nflush: {flush_name}, {layout}-major cache (cuDNN and shipped: head-major) — KV TB/s (µs), best of "
+              f"{rounds} turns; columns: block_n/warps/stages (0: shipped)/key_groups/splits (0: automatic, -k: k x "
+              "automatic)\n")
         print("| B | L | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 2) + "|")
         for batch in batches:
             for seqlen in seqlens:
                 fns = peers(batch, seqlen)
                 q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-                kc, vc = (torch.randn(batch, 8, seqlen, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-                          for _ in range(2))
+                kc, vc = (cache(batch, seqlen, layout) for _ in range(2))
                 lens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
                 timers = {"cuDNN": fns["cuDNN"], "flashtile (shipped)": fns["flashtile"]}
                 shipped = decode_config(128, False, batch * 8 >= sms)
@@ -182,16 +192,24 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl):
                         finally:
                             ops.launch_decode = decode.launch_decode
                     timers["before"] = run_before
-                for name, (bn, warps, stages, groups, s) in zip(names[-len(cands):], cands):
-                    cfg = DecodeConfig(bn, warps, stages or shipped.num_stages, groups)
+                if layout == "key":  # SDPA handed the same key-major cache as a (batch, 8, seqlen, 128) view
+                    def cudnn_key_major(q=q.transpose(1, 2), k=kc.transpose(1, 2), v=vc.transpose(1, 2)):
+                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                    timers["cuDNN, our cache"] = cudnn_key_major
+                    timers["flashtile, our cache"] = functools.partial(  # the dispatch's own choice
+                        ops.kvcache_forward, q, kc, vc, lens, None, None, seqlen, 128 ** -0.5, (-1, -1), 0,
+                        want_lse=False)
+                for name, (bn, warps, stages, groups, s, *heads) in zip(names[-len(cands):], cands):
+                    cfg = DecodeConfig(bn, warps, stages or shipped.num_stages, groups, *heads)
                     if s < 0:
-                        s = -s * decode_splits(batch * 8, seqlen, sms)
+                        s = -s * decode_splits(batch * 8 // cfg.heads, seqlen, sms)
                     timers[name] = functools.partial(ops.kvcache_forward, q, kc, vc, lens, None, None, seqlen,
                                                      128 ** -0.5, (-1, -1), s, config=cfg, want_lse=False)
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     ref = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
                                                          scale=128 ** -0.5, enable_gqa=True).transpose(1, 2).float()
-                errs = {n: (timers[n]()[0].float() - ref).abs().max().item() for n in names[2:]}
+                errs = {n: (timers[n]()[0].float() - ref).abs().max().item() for n in names[2:] if "cuDNN" not in n}
                 kv = 2 * batch * seqlen * 8 * 128 * 2
                 best = best_of_turns({n: (lambda f=f: (median_us(f, fl[flush_name]), None)) for n, f in timers.items()},
                                      rounds)
@@ -211,7 +229,10 @@ def main():
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 32768, 131072])
     parser.add_argument("--configs", type=int, nargs="*",
                         default=[128, 4, 0, 1, 0, 128, 4, 0, 4, 0])
+    parser.add_argument("--fields", type=int, default=5, choices=[5, 6], help="numbers per config (6: with heads)")
     parser.add_argument("--flushes", nargs="+", default=["dirty", "clean"])
+    parser.add_argument("--layout", default="head", choices=["head", "key"],
+                        help="our cache: head-major (the bench's, as cuDNN's) or key-major (flash-attn's)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--promotions", type=int, nargs="*", help="time these L2 promotions of the shipped kernel")
     args = parser.parse_args()
@@ -224,7 +245,7 @@ def main():
     if args.promotions:
         return promotion_probe(args.batches, args.seqlens, args.promotions, args.rounds, next(iter(fl.values())))
     if args.configs is not None and args.batches:
-        decode_probe(args.batches, args.seqlens, args.configs, args.rounds, fl)
+        decode_probe(args.batches, args.seqlens, args.configs, args.rounds, fl, args.layout, args.fields)
 
 
 if __name__ == "__main__":

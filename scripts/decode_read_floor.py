@@ -1,8 +1,10 @@
 """The read floor of a decode step: a kernel that only streams the KV cache through TMA tiles (no attention), in
-three shapes of tile, against the shipped decode and cuDNN in the same process. The cache is (B, L, 8, 128):
-one key of one head is 256 contiguous bytes, one key of all eight heads 2 KB.
+three shapes of tile, against the shipped decode and cuDNN in the same process. The cache is (B, L, 8, 128) in one
+of two layouts (--layout): key-major (flash-attn's, contiguous; one key of one head is 256 contiguous bytes, one key
+of all eight heads 2 KB) or head-major (SDPA's (B, 8, L, 128) contiguous, seen through a transpose: each head's keys
+contiguous, as the decode bench and probe hand it to both kernels).
 
-    PYTHONPATH=. python scripts/decode_read_floor.py [--batches 8 32] [--seqlens 32768 131072]
+    PYTHONPATH=. python scripts/decode_read_floor.py [--batches 8 32] [--seqlens 32768 131072] [--layout key head]
 
 Patterns "floor {heads}h×{keys}k/{boxes}box s{stages} p{programs} w{warps}" (--patterns, six numbers each): the keys
 split to make that many programs; by default (run 33) 256 programs, each step 64 KB of K and V: 128 keys of one head
@@ -53,6 +55,13 @@ def floor_fn(k_cache, v_cache, heads, block_n, stages, warps, boxes=1, programs=
                              num_warps=warps), out
 
 
+def cache(batch, seqlen, layout, nheads_k=8, head_dim=128, device="cuda", dtype=torch.bfloat16):
+    """A random (batch, seqlen, nheads_k, head_dim) cache, key-major (contiguous) or head-major (a transposed view)."""
+    if layout == "key":
+        return torch.randn(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype)
+    return torch.randn(batch, nheads_k, seqlen, head_dim, device=device, dtype=dtype).transpose(1, 2)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32])
@@ -61,6 +70,8 @@ def main():
     parser.add_argument("--patterns", type=int, nargs="+", default=PATTERNS,
                         help="heads keys boxes stages programs warps, flat")
     parser.add_argument("--flush", default="dirty", choices=["dirty", "clean"])
+    parser.add_argument("--layout", nargs="+", default=["key"], choices=["key", "head"],
+                        help="the floors' cache: key-major (flash-attn's) or head-major (the bench's)")
     args = parser.parse_args()
     from flashtile import set_value_checks
     from flashtile.bench.__main__ import best_of_turns
@@ -70,24 +81,25 @@ def main():
     flush = flushes()[args.flush]
     patterns = list(zip(*[iter(args.patterns)] * 6))
     name = "floor {}h×{}k/{}box s{} p{} w{}".format
-    names = ["cuDNN", "flashtile"] + [name(*p) for p in patterns]
+    names = ["cuDNN", "flashtile"] + [f"{layout} {name(*p)}" for layout in args.layout for p in patterns]
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     print(f"\nKV TB/s (µs), {args.flush} flush (dirty: do_bench's), best of", args.rounds, "turns\n")
     print("| B | L | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 2) + "|")
     for batch in args.batches:
         for seqlen in args.seqlens:
             fns = peers(batch, seqlen)
-            kc, vc = (torch.randn(batch, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             timers = {"cuDNN": fns["cuDNN"], "flashtile": fns["flashtile"]}
-            for h, bn, boxes, stages, programs, warps in patterns:
-                timers[name(h, bn, boxes, stages, programs, warps)] = floor_fn(kc, vc, h, bn, stages, warps, boxes,
-                                                                               programs)[0]
+            for layout in args.layout:
+                kc, vc = (cache(batch, seqlen, layout) for _ in range(2))
+                for h, bn, boxes, stages, programs, warps in patterns:
+                    timers[f"{layout} {name(h, bn, boxes, stages, programs, warps)}"] = floor_fn(
+                        kc, vc, h, bn, stages, warps, boxes, programs)[0]
             best = best_of_turns({n: (lambda f=f: (median_us(f, flush), None)) for n, f in timers.items()},
                                  args.rounds)
             kv = 2 * batch * seqlen * 8 * 128 * 2
             print(f"| {batch} | {seqlen} | " + " | ".join(f"{kv / best[n][0] / 1e6:.3f} ({best[n][0]:.1f})"
                                                          for n in names) + " |", flush=True)
-            del fns, kc, vc
+            del fns, kc, vc, timers
             torch.cuda.empty_cache()
 
 

@@ -96,3 +96,14 @@ def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     assert [c.persistent for c in tables["flat"].values()] == [False, False]
     assert tables["shipped"][(128, False)].persistent == table[(128, False)].persistent
     assert table == configs.FWD_HOPPER  # the table itself is left alone
+
+
+def test_decode_bench_table_ratio():
+    """The decode bench's table: each peer's TB/s (µs), flashtile / cuDNN as cuDNN's time over ours."""
+    from flashtile.bench.decode import table
+    rows = [dict(layout="key", batch=8, seqlen=4096, peer="flashtile", us=10.0, tbps=2.0, graph_us=7.5),
+            dict(layout="key", batch=8, seqlen=4096, peer="cuDNN", us=11.0, tbps=1.8),
+            dict(layout="key", batch=8, seqlen=4096, peer="FA2 (SDPA flash)", error="refused")]
+    lines = table(rows).splitlines()
+    assert lines[0].startswith("| B | L | flashtile TB/s (µs) | cuDNN TB/s (µs) | FA2 (SDPA flash) TB/s (µs) |")
+    assert lines[2] == "| 8 | 4096 | 2.00 (10.0) | 1.80 (11.0) | refused | 1.100 | 7.5 | – | – |"

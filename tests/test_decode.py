@@ -227,6 +227,23 @@ def test_alibi(causal, per_batch):
             assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
 
 
+def _decode_case(monkeypatch, config, heads, capacity, lengths, new, layout):
+    """The decode config forced to ``config``; q (batch, new, nheads, head_dim) and caches of batch + 1 rows
+    (head-major views for layout "head-major"), each V slot past its sequence's length inf, and the cache row of
+    each sequence (shuffled for layout "batch-idx")."""
+    from flashtile import configs
+    monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: config)
+    (nheads, nheads_k, head_dim), batch = heads, len(lengths)
+    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
+    k_cache, v_cache = (randn(batch + 1, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    if layout == "head-major":
+        k_cache, v_cache = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k_cache, v_cache))
+    rows = _i32([5, 0, 2, 1, 3]) if layout == "batch-idx" else _i32(list(range(batch)))
+    for row, n in zip(rows.tolist(), lengths):
+        v_cache[row, n:] = float("inf")
+    return q, k_cache, v_cache, rows
+
+
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
 @pytest.mark.parametrize("layout", ["contiguous", "batch-idx", "paged16"])
 @pytest.mark.parametrize("masks", ["none", "causal-window"])
@@ -237,23 +254,18 @@ def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypat
     inf, which must not reach the output), GQA 8/2, one token or two causal with a window, through a contiguous
     cache, rows picked by cache_batch_idx, or pages; tiles of one key group, or of four merged at the end."""
     from flashtile import configs
-    config = configs.DecodeConfig(tiles[0], 4, 1, key_groups=tiles[1])
-    monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: config)
-    batch, capacity, nheads, nheads_k, head_dim = 5, 160, 8, 2, 64
+    batch, capacity = 5, 160
     lengths = [0, 1, capacity, 97, 64]
-    new = 2 if masks == "causal-window" else 1
-    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
-    k_cache, v_cache = (randn(batch + 1, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
-    rows = _i32([5, 0, 2, 1, 3]) if layout == "batch-idx" else _i32(list(range(batch)))
-    for row, n in zip(rows.tolist(), lengths):
-        v_cache[row, n:] = float("inf")
+    q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(tiles[0], 4, 1, key_groups=tiles[1]),
+                                             (8, 2, 64), capacity, lengths, 2 if masks == "causal-window" else 1,
+                                             layout)
     kwargs = dict(cache_seqlens=_i32(lengths), num_splits=num_splits, return_softmax_lse=True)
     if masks == "causal-window":
         kwargs.update(causal=True, window_size=(70, 0))
     if layout == "paged16":
         k_pages, table = paged(k_cache[:batch], 16)
         v_pages = torch.full_like(k_pages, float("inf"))
-        v_pages[table.flatten().long()] = v_cache[:batch].reshape(-1, 16, nheads_k, head_dim)
+        v_pages[table.flatten().long()] = v_cache[:batch].reshape(-1, 16, *v_cache.shape[2:])
         caches, kwargs["block_table"] = (k_pages, v_pages), table
     elif layout == "batch-idx":
         caches, kwargs["cache_batch_idx"] = (k_cache, v_cache), rows
@@ -264,6 +276,86 @@ def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypat
     ref, ref_lse, base = expected(q, k_cache[rows.long()], v_cache[rows.long()], lengths,
                                   causal=masks == "causal-window", window_size=kwargs.get("window_size", (-1, -1)))
     assert_attention_close(out, ref, base, lse, ref_lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
+@pytest.mark.parametrize("layout", ["key-major", "head-major", "batch-idx"])
+@pytest.mark.parametrize("options", ["none", "causal-window", "softcap-alibi"])
+@pytest.mark.parametrize("heads", [2, 4], ids=["2heads", "4heads"])
+def test_decode_several_kv_heads_a_program(heads, options, layout, num_splits, monkeypatch):
+    """A program reads ``heads`` adjacent KV heads a tile, each head's query rows with their own softmax state
+    (configs.decode_heads_config): every head's output and LSE against the float64 reference, GQA 16/4, lengths
+    0, 1, on a tile's edge, inside a tile and full (the slots past each length hold inf), one token or two causal
+    with a window, a softcap with per-head ALiBi slopes; the cache key-major (flash-attn's), a head-major view, or
+    rows picked by cache_batch_idx."""
+    from flashtile import configs
+    batch, capacity, nheads = 5, 80, 16
+    lengths = [0, 1, capacity, 37, 48]
+    q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(16, 4, 1, heads=heads), (nheads, 4, 64),
+                                             capacity, lengths, 2 if options == "causal-window" else 1, layout)
+    kwargs = dict(cache_seqlens=_i32(lengths), num_splits=num_splits, return_softmax_lse=True)
+    ref_kwargs = {}
+    if options == "causal-window":
+        kwargs.update(causal=True, window_size=(30, 0))
+        ref_kwargs = dict(causal=True, window_size=(30, 0))
+    elif options == "softcap-alibi":
+        slopes = 2.0 ** -torch.arange(1, nheads + 1, device=DEVICE, dtype=torch.float32)
+        kwargs.update(softcap=3.0, alibi_slopes=slopes)
+        ref_kwargs = dict(softcap=3.0, alibi_slopes=slopes)
+    if layout == "batch-idx":
+        caches, kwargs["cache_batch_idx"] = (k_cache, v_cache), rows
+    else:
+        caches = (k_cache[:batch], v_cache[:batch])
+    with poisoned_outputs():
+        out, lse = flashtile.flash_attn_with_kvcache(q, *caches, **kwargs)
+    for b, n in enumerate(lengths):
+        if n == 0:  # nothing to attend to: zeros, LSE -inf
+            assert torch.equal(out[b], torch.zeros_like(out[b])) and bool((lse[b] == float("-inf")).all())
+            continue
+        args = (q[b:b + 1], k_cache[rows[b]:rows[b] + 1, :n], v_cache[rows[b]:rows[b] + 1, :n])
+        ref, ref_lse = reference.attention(*args, **ref_kwargs)
+        base, _ = reference.attention(*args, upcast=False, **ref_kwargs)
+        assert_attention_close(out[b:b + 1], ref, base, lse[b:b + 1], ref_lse)
+
+
+def test_several_heads_config_refuses_what_it_cannot_read():
+    """Several KV heads a program need a TMA-addressable contiguous cache, heads they divide and one query-row tile
+    a head: a clear ValueError before any launch otherwise."""
+    from flashtile import configs, ops
+    q = randn(2, 1, 8, 64, dtype=torch.float16)
+    k_cache, v_cache = (randn(2, 64, 2, 64, dtype=torch.float16) for _ in range(2))
+    lens = _i32([10, 64])
+    for config, call in [
+        (configs.DecodeConfig(16, 4, 1, heads=4), (q, k_cache, v_cache)),  # 4 heads of 2
+        (configs.DecodeConfig(16, 4, 1, key_groups=2, heads=2), (q, k_cache, v_cache)),
+        (configs.DecodeConfig(16, 4, 1, heads=2), (randn(2, 5, 8, 64, dtype=torch.float16), k_cache,
+                                                            v_cache)),  # 4 x 5 = 20 query rows a head
+    ]:
+        with pytest.raises(ValueError, match="several KV heads a program"):
+            ops.kvcache_forward(*call, lens, None, None, 64, 0.125, (-1, -1), 1, config=config)
+    k_pages, table = paged(k_cache, 16)
+    with pytest.raises(ValueError, match="several KV heads a program"):
+        ops.kvcache_forward(q, k_pages, k_pages, lens, None, table, 64, 0.125, (-1, -1), 1,
+                            config=configs.DecodeConfig(16, 4, 1, heads=2))
+
+
+def test_several_heads_dispatch():
+    """Which decode steps read several KV heads a program (D=128, 132 SMs): long caches whose programs still fill
+    the SMs, flash-attn's layout only."""
+    from flashtile import configs, ops
+    rule = configs.decode_heads_config
+    assert rule(128, 8, 4, 32 * 8, 32768, 132).heads == 4  # B=32, L=32k: 64 programs x 2 splits of 16k keys
+    assert rule(128, 8, 4, 8 * 8, 131072, 132).heads == 4  # B=8, L=128k: 16 x 8 of 16k
+    assert rule(128, 8, 4, 8 * 8, 32768, 132) is None  # B=8, L=32k: 4k keys a program
+    assert rule(128, 8, 4, 1 * 8, 131072, 132) is None  # B=1: 2 programs x 16 splits, a quarter of the SMs
+    assert rule(128, 8, 4, 32 * 8, 4096, 132) is None
+    assert rule(128, 8, 32, 32 * 8, 32768, 132) is None  # 8 new tokens: 32 query rows a head
+    assert rule(128, 2, 4, 32 * 2, 131072, 132) is None  # 2 KV heads
+    assert rule(64, 8, 4, 32 * 8, 32768, 132) is None  # not measured at D=64
+    key_major = randn(2, 64, 8, 64, dtype=torch.float16)
+    assert ops._heads_adjacent(key_major, key_major)
+    head_major = key_major.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not ops._heads_adjacent(key_major, head_major)
 
 
 def test_split_merge_leaves_its_counters_zeroed():

@@ -46,6 +46,28 @@ def test_decode_long_cache_many_splits():
     assert_attention_close(out, ref, base)
 
 
+@pytest.mark.parametrize("new_tokens", [1, 2], ids=["decode", "spec2"])
+@pytest.mark.parametrize("layout", ["key-major", "head-major"])
+def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
+    """B=32, L=32k: flash-attn's key-major cache is read four KV heads a program (configs.decode_heads_config),
+    SDPA's head-major layout one head a program; both right at ragged lengths (0, 1, around the split edge, full)."""
+    from flashtile import ops
+    configs_seen = []
+    launch = ops.launch_decode
+    monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
+    batch, capacity = 32, 32768
+    lengths = [0, 1, capacity, 16383, 16384, 16385] + torch.randint(1, capacity, (batch - 6,)).tolist()
+    q = randn(batch, new_tokens, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(batch, capacity, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    if layout == "head-major":
+        k_cache, v_cache = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k_cache, v_cache))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
+    assert configs_seen[-1].heads == (4 if layout == "key-major" else 1), configs_seen
+    ref, _, base = expected(q, k_cache, v_cache, lengths, causal=True)
+    assert_attention_close(out, ref, base)
+
+
 def test_decode_under_cuda_graph():
     q = randn(1, 1, 32, 128, dtype=torch.bfloat16)
     k_cache, v_cache = (randn(1, 4096, 8, 128, dtype=torch.bfloat16) for _ in range(2))

@@ -2,7 +2,9 @@
 
 One new query token per sequence, 32 query heads over 8 KV heads, head dim 128, bf16; the figure of
 merit is KV-cache bytes read per second (2·B·L·H_kv·D·2 bytes over the time). Also the whole decode
-step replayed as a CUDA graph, where launch overhead no longer counts.
+step replayed as a CUDA graph, where launch overhead no longer counts. Every peer reads the same cache tensors, in
+one of two layouts (--layouts): "head", SDPA's (batch, H_kv, L, D) contiguous (flashtile takes its
+(batch, L, H_kv, D) transpose), or "key", flash-attn's (batch, L, H_kv, D) contiguous (SDPA takes the transpose).
 """
 import argparse
 import functools
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from .__main__ import bench_ms, best_of_turns, error_text, is_oom, progress
 
 
-def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
+def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128, layout="head"):
     from .. import flash_attn_with_kvcache, set_value_checks
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q = torch.randn(batch, 1, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -24,15 +26,18 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128):
                         for _ in range(2))
     seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
     qt = q.transpose(1, 2).contiguous()
-    kt, vt = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
-    del k_cache, v_cache
+    if layout == "head":
+        kt, vt = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
+        del k_cache, v_cache
+    else:
+        kt, vt = (t.transpose(1, 2) for t in (k_cache, v_cache))
 
     def sdpa(backend):
         def run():
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         return run
-    # flashtile reads the same tensors in flash-attn's (batch, seqlen, nheads_k, headdim) layout view
+    # flashtile reads the same tensors as flash-attn's (batch, seqlen, nheads_k, headdim)
     k_view, v_view = kt.transpose(1, 2), vt.transpose(1, 2)
     def ours(value_checks):
         def run():
@@ -85,6 +90,26 @@ def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, splits=(0, 1, 2, 4, 8, 16)
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+LAYOUTS = {"head": "The cache as SDPA lays it out, (batch, H_kv, L, D) contiguous (flashtile reads its transpose):",
+           "key": "The cache as flash-attn lays it out, (batch, L, H_kv, D) contiguous (SDPA reads its transpose):"}
+
+
+def table(rows):
+    """Markdown: a row per (B, L), each peer's eager KV TB/s (µs), ours / cuDNN, then the CUDA-graph µs."""
+    names = list(dict.fromkeys(r["peer"] for r in rows))
+    lines = ["| B | L | " + " | ".join(f"{n} TB/s (µs)" for n in names) + " | flashtile / cuDNN | " +
+             " | ".join(f"{n} graph µs" for n in names) + " |", "|---" * (3 + 2 * len(names)) + "|"]
+    for batch, seqlen in dict.fromkeys((r["batch"], r["seqlen"]) for r in rows):
+        cells = {r["peer"]: r for r in rows if (r["batch"], r["seqlen"]) == (batch, seqlen)}
+        speed = [f"{c['tbps']:.2f} ({c['us']:.1f})" if "tbps" in c else c.get("error", "–")[:20]
+                 for c in (cells.get(n, {}) for n in names)]
+        ours, cudnn = cells.get("flashtile", {}), cells.get("cuDNN", {})
+        ratio = f"{cudnn['us'] / ours['us']:.3f}" if "us" in ours and "us" in cudnn else "–"
+        graph = [f"{cells[n]['graph_us']:.1f}" if "graph_us" in cells.get(n, {}) else "–" for n in names]
+        lines.append(f"| {batch} | {seqlen} | " + " | ".join(speed) + f" | {ratio} | " + " | ".join(graph) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _eager_us(fn):
     """(median µs of fn called eagerly, None), or (None, the reason it could not run)."""
     try:
@@ -100,6 +125,8 @@ def main(argv=None):
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 32768, 131072])
     parser.add_argument("--graph-max-batch", type=int, default=8, help="CUDA-graph timing for B up to this")
     parser.add_argument("--rounds", type=int, default=3, help="eager turns each peer takes per shape; best kept")
+    parser.add_argument("--layouts", nargs="+", default=["head", "key"], choices=["head", "key"],
+                        help="the cache every peer reads: SDPA's head-major, flash-attn's key-major")
     parser.add_argument("--out", default="results")
     parser.add_argument("--sweep", action="store_true", help="only sweep the decode tile configs")
     parser.add_argument("--sweep-configs", type=int, nargs="+",
@@ -114,17 +141,18 @@ def main(argv=None):
     import triton
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for batch, seqlen in progress([(b, n) for b in args.batches for n in args.seqlens], "decode"):
+    shapes = [(layout, b, n) for layout in args.layouts for b in args.batches for n in args.seqlens]
+    for layout, batch, seqlen in progress(shapes, "decode"):
         kv_bytes = 2 * batch * seqlen * 8 * 128 * 2
         try:
-            fns = peers(batch, seqlen)
+            fns = peers(batch, seqlen, layout=layout)
         except Exception as err:
             if not is_oom(err):
                 raise
             continue
         eager = best_of_turns({name: functools.partial(_eager_us, fn) for name, fn in fns.items()}, args.rounds)
         for name, fn in fns.items():
-            row = dict(batch=batch, seqlen=seqlen, peer=name)
+            row = dict(layout=layout, batch=batch, seqlen=seqlen, peer=name)
             us, error = eager[name]
             if error:
                 row["error"] = error
@@ -138,17 +166,10 @@ def main(argv=None):
             rows.append(row)
         del fns
         torch.cuda.empty_cache()
-    names = list(dict.fromkeys(r["peer"] for r in rows))
-    lines = ["| B | L | " + " | ".join(f"{n} TB/s (µs)" for n in names) + " | " +
-             " | ".join(f"{n} graph µs" for n in names) + " |", "|---" * (2 + 2 * len(names)) + "|"]
-    for batch, seqlen in dict.fromkeys((r["batch"], r["seqlen"]) for r in rows):
-        cells = {r["peer"]: r for r in rows if (r["batch"], r["seqlen"]) == (batch, seqlen)}
-        speed = [f"{c['tbps']:.2f} ({c['us']:.0f})" if "tbps" in c else c.get("error", "–")[:20]
-                 for c in (cells.get(n, {}) for n in names)]
-        graph = [f"{cells[n]['graph_us']:.1f}" if "graph_us" in cells.get(n, {}) else "–" for n in names]
-        lines.append(f"| {batch} | {seqlen} | " + " | ".join(speed) + " | " + " | ".join(graph) + " |")
     report = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}: decode, H=32, H_kv=8, D=128, bf16, "
-              f"do_bench median, eager: best of {args.rounds} turns\n\n" + "\n".join(lines) + "\n")
+              f"do_bench median, eager: best of {args.rounds} turns\n" + "".join(
+                  f"\n{LAYOUTS[layout]}\n\n" + table([r for r in rows if r["layout"] == layout]) + "\n"
+                  for layout in args.layouts))
     with open(os.path.join(args.out, "decode.json"), "w") as f:
         json.dump(rows, f, indent=1)
     with open(os.path.join(args.out, "decode.md"), "w") as f:

@@ -3,7 +3,8 @@ partial results exactly by their log-sum-exp.
 
 ``flash_decode_split_kernel``: a program owns (chunk, batch, KV head) and reads its slice of the cache
 once for every query head of the group and every new query token: those rows are packed together as
-the M dimension (GQA packing), row r = token (r // group), head h_k·group + (r % group). It writes a
+the M dimension (GQA packing), row r = token (r // group), head h_k·group + (r % group); where a key's KV heads
+sit side by side in memory a program may read several adjacent KV heads a tile (``DecodeConfig.heads``). It writes a
 float32 partial O (normalized within the chunk) and the chunk's LSE; the last chunk of a row tile to
 finish merges them (``merge_rows``: O = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s), −inf
 partials weigh 0), so a decode step is one launch. ``combine_kernel`` runs the same merge over partials
@@ -32,29 +33,34 @@ def flash_decode_split_kernel(
     PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFTPAD: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, WRITE_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, KEY_GROUPS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KEY_GROUPS: tl.constexpr, HEADS: tl.constexpr,
 ):
     """Grid (splits, batch · nheads_k, row tiles). With SPLIT, each program writes its chunk's partial O and
     LSE to Part (float32: the O of every split, then their LSE from lse_part_start on), and the last split of
     a (batch, KV head, row tile) to arrive merges them into Out and LSE; without, the single split writes Out
     and LSE itself; LSE only with WRITE_LSE. Each key tile is split in KEY_GROUPS groups, each with its own running
     max, sum and O, merged once at the end: with one group per warp, no step needs another warp's scores. With
+    HEADS > 1 a program reads HEADS adjacent KV heads as one box a tile (in a key-major cache, one run of
+    HEADS · 256 bytes a key), each head's query rows with a state of its own (the groups are then the heads). With
     SOFTCAP the scores are tanh(q·k · softcap_scale), and qk_scale carries the cap (flash-attn's softcap:
     cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score gets −slope · |i + diag − j| (query i, key j), in
     units of the logit (alibi_unit = 1 / (cap or scale))."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // nheads_k).to(tl.int64)
-    h_k = (pid_bh % nheads_k).to(tl.int64)
+    b = (pid_bh // (nheads_k // HEADS)).to(tl.int64)
+    h_k = (pid_bh % (nheads_k // HEADS) * HEADS).to(tl.int64)  # the program's (first) KV head
     seqlen_k = tl.load(cache_seqlens + b) + seqlen_new  # the keys before this step's append, and the new ones
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     token = rows // GROUP  # [BLOCK_M]
-    head = h_k * GROUP + rows % GROUP
+    head = h_k * GROUP + rows % GROUP  # [BLOCK_M]
+    if HEADS > 1:
+        head = (h_k + tl.arange(0, HEADS))[:, None] * GROUP + (rows % GROUP)[None, :]  # [HEADS, BLOCK_M]
     row_ok = token < seqlen_q
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_DIM]
+    ok = tl.expand_dims(row_ok, -1) & d_ok  # [BLOCK_M, HEAD_DIM]
+    q = tl.load(Q + b * stride_qb + tl.expand_dims(token, -1) * stride_qt + tl.expand_dims(head, -1) * stride_qh
+                + offs_d, mask=ok, other=0.0)  # [BLOCK_M, HEAD_DIM] (or [HEADS, BLOCK_M, HEAD_DIM])
 
     diag = seqlen_k - seqlen_q  # new tokens sit at the end of the cache: bottom-right alignment
     start = split * chunk
@@ -69,11 +75,12 @@ def flash_decode_split_kernel(
     cache_row = b  # the contiguous cache's row of this sequence (unused when PAGED)
     if HAS_BATCH_IDX and not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64)
-    slopes = alibi_slope(Alibi, b, stride_alibi_b, head, alibi_unit, HAS_ALIBI, row_ok)  # [BLOCK_M]
-    m_i = tl.full([KEY_GROUPS, BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([KEY_GROUPS, BLOCK_M], tl.float32)
-    acc = tl.zeros([KEY_GROUPS, BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    q = tl.broadcast_to(q[None, :, :], [KEY_GROUPS, BLOCK_M, HEAD_DIM_PAD])
+    slopes = alibi_slope(Alibi, b, stride_alibi_b, head, alibi_unit, HAS_ALIBI, row_ok)  # as head
+    GROUPS: tl.constexpr = KEY_GROUPS * HEADS  # the states: one per key group, or per head
+    m_i = tl.full([GROUPS, BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUPS, BLOCK_M], tl.float32)
+    acc = tl.zeros([GROUPS, BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    q = tl.broadcast_to(q[None, :, :] if HEADS == 1 else q, [GROUPS, BLOCK_M, HEAD_DIM_PAD])
     offs_n = tl.arange(0, BLOCK_N)
     page = tl.zeros([BLOCK_N], tl.int64) + (0 if PAGED else cache_row)  # a contiguous cache's row of each key
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # the tiles before it end before `end`
@@ -84,19 +91,19 @@ def flash_decode_split_kernel(
                 acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
                 stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag,
                 left, right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA,
-                MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, last == 1)
+                MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, last == 1, HEADS)
 
-    m_i, l_i, acc = merge_groups(m_i, l_i, acc)
+    if HEADS == 1:
+        m_i, l_i, acc = merge_groups(m_i, l_i, acc)  # [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM]
     empty = l_i == 0.0
-    acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    acc = acc * tl.expand_dims(1.0 / tl.where(empty, 1.0, l_i), -1)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)  # as head
     if SPLIT:
         O_part, LSE_part = Part, Part + lse_part_start
         split = split.to(tl.int64)
         o_rows = b * stride_ob + token * stride_ot + head * stride_oh
         l_rows = b * stride_lb + head * stride_lh + token
-        tl.store(O_part + split * stride_os + o_rows[:, None] + offs_d[None, :], acc,
-                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(O_part + split * stride_os + tl.expand_dims(o_rows, -1) + offs_d, acc, mask=ok)
         tl.store(LSE_part + split * stride_ls + l_rows, lse, mask=row_ok)
         tl.debug_barrier()  # every thread's partial is written before the release below
         tile = pid_bh * tl.num_programs(2) + tl.program_id(2)
@@ -104,18 +111,19 @@ def flash_decode_split_kernel(
             tl.store(arrivals + tile, 0)  # zero again for the next call
             first = tl.program_id(2) * BLOCK_M
             n_rows = tl.minimum(BLOCK_M, GROUP * seqlen_q - first)
-            for r0 in range(0, n_rows, MERGE_ROWS):
-                r = r0 + tl.arange(0, MERGE_ROWS)
-                t = (first + r) // GROUP
-                hq = h_k * GROUP + (first + r) % GROUP
-                merge_rows(O_part, LSE_part, Out, LSE, b * stride_ob + t * stride_ot + hq * stride_oh,
-                           b * stride_lb + hq * stride_lh + t, b * stride_out_b + t * stride_out_t + hq * stride_out_h,
-                           b * stride_lse_b + hq * stride_lse_h + t, r < n_rows, tl.num_programs(0), stride_os,
-                           stride_ls, HEAD_DIM, HEAD_DIM_PAD, BLOCK_S, WRITE_LSE)
+            for g in tl.static_range(HEADS):
+                for r0 in range(0, n_rows, MERGE_ROWS):
+                    r = r0 + tl.arange(0, MERGE_ROWS)
+                    t = (first + r) // GROUP
+                    hq = (h_k + g) * GROUP + (first + r) % GROUP
+                    merge_rows(O_part, LSE_part, Out, LSE, b * stride_ob + t * stride_ot + hq * stride_oh,
+                               b * stride_lb + hq * stride_lh + t,
+                               b * stride_out_b + t * stride_out_t + hq * stride_out_h,
+                               b * stride_lse_b + hq * stride_lse_h + t, r < n_rows, tl.num_programs(0), stride_os,
+                               stride_ls, HEAD_DIM, HEAD_DIM_PAD, BLOCK_S, WRITE_LSE)
     else:
-        out_rows = b * stride_out_b + token * stride_out_t + head * stride_out_h  # [BLOCK_M]
-        tl.store(Out + out_rows[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        out_rows = b * stride_out_b + token * stride_out_t + head * stride_out_h  # as head
+        tl.store(Out + tl.expand_dims(out_rows, -1) + offs_d, acc.to(Out.dtype.element_ty), mask=ok)
         if WRITE_LSE:
             tl.store(LSE + b * stride_lse_b + head * stride_lse_h + token, lse, mask=row_ok)
 
@@ -126,25 +134,26 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
                 left, right, slopes, softcap_scale, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 KEY_GROUPS: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
                 MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                LAST: tl.constexpr):
-    """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys (q, m_i, l_i
-    and acc carry the groups first): scores, the online softmax, P·V into acc. Only the LAST tile (the one that
+                LAST: tl.constexpr, HEADS: tl.constexpr):
+    """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys, or of each of
+    the HEADS KV heads from h_k on (q, m_i, l_i and acc carry the groups first): scores, the online softmax, P·V into
+    acc. Only the LAST tile (the one that
     crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with TMA they are real cache memory, maybe
     never written); every other tile's V goes from shared memory straight to the tensor cores."""
     GROUP_N: tl.constexpr = BLOCK_N // KEY_GROUPS
     keys = start_n + offs_n  # [BLOCK_N]
-    if USE_TMA:  # K, V: host-built 4-D descriptors over the contiguous cache, pipelined by the compiler
-        k = K.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+    if USE_TMA:
+        k = tma_tile(K, cache_row, h_k, start_n, HEADS, BLOCK_N, HEAD_DIM_PAD)
     else:
         k = cache_tile(K, block_table, b, page, keys, end, page_size, stride_bt, stride_kp, stride_kt, stride_kh,
                        h_k, offs_d, d_ok, PAGED, LAST)
-    k = tl.permute(k.reshape(KEY_GROUPS, GROUP_N, HEAD_DIM_PAD), (0, 2, 1))  # [KEY_GROUPS, HEAD_DIM, GROUP_N]
-    zeros = tl.zeros([KEY_GROUPS, q.shape[1], GROUP_N], tl.float32)
-    qk = group_dot(q, k, zeros, DOT_PRECISION)  # [KEY_GROUPS, BLOCK_M, GROUP_N]
+    k = tl.permute(k.reshape(q.shape[0], GROUP_N, HEAD_DIM_PAD), (0, 2, 1))  # [GROUPS, HEAD_DIM, GROUP_N]
+    zeros = tl.zeros([q.shape[0], q.shape[1], GROUP_N], tl.float32)
+    qk = group_dot(q, k, zeros, DOT_PRECISION)  # [GROUPS, BLOCK_M, GROUP_N]
     if HAS_ALIBI:
         dist = tl.abs((token + diag)[:, None] - keys[None, :]).to(tl.float32)  # [BLOCK_M, BLOCK_N]
         dist = tl.permute(dist.reshape(token.shape[0], KEY_GROUPS, GROUP_N), (1, 0, 2))
-        qk, _ = modified_scores(qk, softcap_scale, slopes[None, :, None], dist, SOFTCAP, HAS_ALIBI)
+        qk, _ = modified_scores(qk, softcap_scale, tl.expand_dims(slopes, -1), dist, SOFTCAP, HAS_ALIBI)
     else:
         qk, _ = modified_scores(qk, softcap_scale, 0.0, 0.0, SOFTCAP, HAS_ALIBI)
     if LAST or MASK_LEFT or MASK_RIGHT:
@@ -153,15 +162,27 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
         qk = tl.where(tl.permute(ok.reshape(token.shape[0], KEY_GROUPS, GROUP_N), (1, 0, 2)), qk, float("-inf"))
     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True, AXIS=2)
     if USE_TMA:
-        v = V.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+        v = tma_tile(V, cache_row, h_k, start_n, HEADS, BLOCK_N, HEAD_DIM_PAD)
         if LAST:
             v = tl.where((keys < end)[:, None] & d_ok[None, :], v, 0.0)
     else:
         v = cache_tile(V, block_table, b, page, keys, end, page_size, stride_bt, stride_vp, stride_vt, stride_vh,
                        h_k, offs_d, d_ok, PAGED, LAST)
     acc = acc * alpha[:, :, None]
-    acc = group_dot(p.to(v.dtype), v.reshape(KEY_GROUPS, GROUP_N, HEAD_DIM_PAD), acc, DOT_PRECISION)
+    acc = group_dot(p.to(v.dtype), v.reshape(q.shape[0], GROUP_N, HEAD_DIM_PAD), acc, DOT_PRECISION)
     return acc, m_i, l_i
+
+
+@triton.jit
+def tma_tile(X, cache_row, h_k, start_n, HEADS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Keys [start_n, start_n + BLOCK_N) of KV head h_k ([BLOCK_N, HEAD_DIM]; host-built 4-D descriptors over the
+    contiguous cache, pipelined by the compiler), or of the HEADS heads from h_k on ([HEADS, BLOCK_N, HEAD_DIM]: boxes
+    over the (batch, nheads_k, seqlen, headdim) view)."""
+    if HEADS > 1:
+        x = X.load([cache_row.to(tl.int32), h_k.to(tl.int32), start_n, 0]).reshape(HEADS, BLOCK_N, HEAD_DIM_PAD)
+    else:
+        x = X.load([cache_row.to(tl.int32), start_n, h_k.to(tl.int32), 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+    return x
 
 
 @triton.jit
@@ -316,13 +337,18 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     block_m = _block_m(group, seqlen_q)
     pad = max(16, next_pow2(head_dim))
     use_tma = not paged and tma_addressable(k_cache) and tma_addressable(v_cache)
-    k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad) if use_tma else (
-        k_cache, v_cache)
+    if config.heads > 1 and not (use_tma and nheads_k % config.heads == 0 and config.key_groups == 1
+                                 and block_m == 16):
+        raise ValueError(f"decode config {config}: several KV heads a program need a contiguous TMA-addressable cache "
+                         f"whose {nheads_k} KV heads they divide, one key group and at most 16 query rows a head "
+                         f"(here {group * seqlen_q})")
+    k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad,
+                                    config.heads) if use_tma else (k_cache, v_cache)
     split = num_splits > 1
     rows = batch * seqlen_q * nheads  # the partials are contiguous: O (s, b, t, h, d), then LSE (s, b, h, t)
     part_strides = (rows * head_dim, seqlen_q * nheads * head_dim, nheads * head_dim, head_dim, rows,
                     nheads * seqlen_q, seqlen_q)
-    grid = (num_splits, batch * nheads_k, cdiv(group * seqlen_q, block_m))
+    grid = (num_splits, batch * nheads_k // config.heads, cdiv(group * seqlen_q, block_m))
     args = (q, k_arg, v_arg, part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
             alibi_slopes, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
             *out.stride()[:3], *((0, 0) if lse is None else lse.stride()[:2]), block_table.stride(0) if paged else 0,
@@ -335,7 +361,7 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
                   HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                   WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-                  KEY_GROUPS=config.key_groups,
+                  KEY_GROUPS=config.key_groups, HEADS=config.heads,
                   num_warps=config.num_warps, num_stages=config.num_stages)
     slots = ["Q", "Part", "Out", "LSE", "arrivals", "cache_seqlens", "block_table", "batch_idx", "cache_leftpad",
              "Alibi"]

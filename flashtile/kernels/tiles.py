@@ -110,16 +110,19 @@ def tma_addressable(t):
             and all(s * size % 16 == 0 and (s > 0 or n == 1) for s, n in zip(t.stride()[:-1], t.shape[:-1])))
 
 
-def host_descriptors(tensors_and_blocks, head_dim_pad):
-    """4-D (batch, seqlen, nheads, headdim) TMA descriptors, one tile of ``block`` rows of one head each.
+def host_descriptors(tensors_and_blocks, head_dim_pad, heads=1):
+    """4-D (batch, seqlen, nheads, headdim) TMA descriptors, one tile of ``block`` rows of one head each, or with
+    ``heads`` > 1 over the (batch, nheads, seqlen, headdim) view, a tile of ``block`` rows of each of ``heads`` heads.
     The tensors come through ops._tma_ready, so the constructor's validation (a third of the host time
     of a launch) is skipped."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     descs = []
     for t, block in tensors_and_blocks:
         desc = object.__new__(TensorDescriptor)
+        t = t.transpose(1, 2) if heads > 1 else t
         desc.base, desc.shape, desc.strides = t, list(t.shape), list(t.stride())
-        desc.block_shape, desc.padding = [1, block, 1, head_dim_pad], "zero"
+        desc.block_shape = [1, heads, block, head_dim_pad] if heads > 1 else [1, block, 1, head_dim_pad]
+        desc.padding = "zero"
         descs.append(desc)
     return tuple(descs)
 
