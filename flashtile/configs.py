@@ -346,6 +346,6 @@ def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
 
 
 def decode_configs_sm90():
-    """Every (padded head dim, config) decode_config can pick on sm90."""
+    """Every (padded head dim, config) decode_config or decode_heads_config can pick on sm90."""
     plain = [*DECODE_SM90.items(), *DECODE_SM90_WAVES.items()]
     return plain + [(pad, replace(c, key_groups=DECODE_KEY_GROUPS)) for pad, c in plain] + [*DECODE_HEADS_SM90.items()]

@@ -145,14 +145,6 @@ def promotion_probe(batches, seqlens, promotions, rounds, flush):
     driver.make_tensordesc_arg = original
 
 
-def cache(batch, seqlen, layout):
-    """A (batch, seqlen, 8, 128) bf16 cache: head-major (SDPA's layout seen through a transpose, as the bench hands
-    it to us) or key-major (flash-attn's, contiguous)."""
-    if layout == "key":
-        return torch.randn(batch, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16)
-    return torch.randn(batch, 8, seqlen, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-
-
 def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fields=5):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -161,6 +153,7 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
     from flashtile.bench.__main__ import best_of_turns
     from flashtile.configs import DecodeConfig, decode_config, decode_splits
     from flashtile.kernels import decode
+    from scripts.decode_read_floor import cache
     cands = list(zip(*[iter(configs_flat)] * fields))
     try:  # the previous kernel, if a copy of it sits beside this one (an A/B in one run)
         from flashtile.kernels import decode_v10 as before

@@ -137,9 +137,9 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
                 LAST: tl.constexpr, HEADS: tl.constexpr):
     """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys, or of each of
     the HEADS KV heads from h_k on (q, m_i, l_i and acc carry the groups first): scores, the online softmax, P·V into
-    acc. Only the LAST tile (the one that
-    crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with TMA they are real cache memory, maybe
-    never written); every other tile's V goes from shared memory straight to the tensor cores."""
+    acc. Only the LAST tile (the one that crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with
+    TMA they are real cache memory, maybe never written); every other tile's V goes from shared memory straight to the
+    tensor cores."""
     GROUP_N: tl.constexpr = BLOCK_N // KEY_GROUPS
     keys = start_n + offs_n  # [BLOCK_N]
     if USE_TMA:
@@ -340,8 +340,9 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     if config.heads > 1 and not (use_tma and nheads_k % config.heads == 0 and config.key_groups == 1
                                  and block_m == 16):
         raise ValueError(f"decode config {config}: several KV heads a program need a contiguous TMA-addressable cache "
-                         f"whose {nheads_k} KV heads they divide, one key group and at most 16 query rows a head "
-                         f"(here {group * seqlen_q})")
+                         f"whose KV heads they divide, one key group and at most 16 query rows a head; here "
+                         f"{'paged' if paged else 'TMA-addressable' if use_tma else 'not TMA-addressable'}, "
+                         f"{nheads_k} KV heads, {group * seqlen_q} query rows a head")
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad,
                                     config.heads) if use_tma else (k_cache, v_cache)
     split = num_splits > 1
