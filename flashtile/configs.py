@@ -321,11 +321,57 @@ def decode_heads_config(head_dim_pad, nheads_k, rows, pairs, capacity, num_sms):
     config = DECODE_HEADS_SM90.get(head_dim_pad)
     if config is None or nheads_k % config.heads or rows > 16:
         return None
-    programs = pairs // config.heads
+    chunk, fill = heads_programs(pairs, capacity, num_sms, config.heads)
+    return config if fill and chunk >= DECODE_HEADS_FROM else None
+
+
+def heads_programs(pairs, capacity, num_sms, heads):
+    """With ``heads`` KV heads a program: (keys a program, whether the programs fill nine tenths of the SMs)."""
+    programs = pairs // heads
     splits = decode_splits(programs, capacity, num_sms)
-    if capacity // splits < DECODE_HEADS_FROM or programs * splits < 0.9 * num_sms:
-        return None
-    return config
+    return capacity // splits, programs * splits >= 0.9 * num_sms
+
+
+# Paged caches (block_table). A tile's keys come as one TMA box where the tile lies inside a page (its page id one
+# load ahead, which costs the compiler's pipeliner a stage of the ring: hence the deeper stage counts), else by
+# pointers (cp.async, rows through the page table). scripts/decode_paged_probe.py, D=128, 32/8 heads, shuffled pages
+# (docs/results/decode-run35.md calls 4-10), µs, the contiguous key-major cache in brackets:
+# - one head a program, pages of 256 as 128-key boxes, 5 stages: B=8, L=32k 256.9 (255.2); B=1, L=32k 49.2 (48.6);
+#   pages of 64 as 64-key boxes, 7 stages: B=32, L=32k 973.1 (959.4); by pointers (pages of 16), 128 keys with 5
+#   stages, B=8, L=32k: 307.4, where the contiguous cache's config took 426.8; at B=32 64 keys, 5 stages: 1026.1
+#   against 1314.8. One wave of programs (B=32, L=4k): 128 keys, 3 stages (the contiguous cache's waves ring and the
+#   page's stage), 135.5 (134.8) in call 8.
+# - four KV heads a box (a page holds a key's heads side by side: 1 KB runs), 32 keys, 5 stages, where the
+#   contiguous rule (decode_heads_config) holds: B=32, L=32k 941.1 against 951.2 for one head (937.8); L=128k
+#   3673.4 against 3757.7 (3661.9); B=8, L=128k 947.5 against 951.1; below that rule a loss (B=8, L=32k 263.5
+#   against 252.1). Pages under 64 keys from DECODE_PAGED_HEADS_FROM keys a program on, where the programs fill the
+#   SMs: pages of 32, B=8, L=32k (4k keys a program) 265.5 against 309.0 by pointers; pages of 16 as 16-key boxes,
+#   8 stages: 267.3 against 307.0, B=32, L=32k 977.2 against 1008.4. A loss with fewer keys (B=8, L=4k, 512 keys a
+#   program: 62.8 against 56.1 by pointers; B=32, L=4k, 2k: 146.4 against 146.0) or programs (B=1, 32 programs:
+#   L=32k 100.7 against 55.9, call 10).
+DECODE_PAGED_SM90 = {(128, 128): DecodeConfig(128, 4, 5), (128, 64): DecodeConfig(64, 4, 7),
+                     (128, 0): DecodeConfig(128, 4, 5)}
+DECODE_PAGED_SM90_WAVES = {(128, 128): DecodeConfig(128, 4, 3), (128, 64): DecodeConfig(64, 4, 7),
+                           (128, 0): DecodeConfig(64, 4, 5)}
+DECODE_PAGED_HEADS_SM90 = {(128, 32): DecodeConfig(32, 4, 5, heads=4), (128, 16): DecodeConfig(16, 4, 8, heads=4)}
+DECODE_PAGED_HEADS_FROM = 4096
+
+
+def decode_paged_config(head_dim_pad, page_size, nheads_k, rows, tma, adjacent, pairs, capacity, num_sms):
+    """The paged cache's tiles (None: as the contiguous cache's). ``tma``: the pools are TMA-addressable and no
+    cache_leftpad shifts the tiles; ``adjacent``: a key's KV heads sit side by side; ``rows``: query rows a head;
+    ``pairs``: (batch, KV head) programs of one head. Four KV heads a box where they fit, their programs fill the
+    SMs and each gets DECODE_PAGED_HEADS_FROM keys (pages under 64 keys) or DECODE_HEADS_FROM; else one head in
+    boxes of 128 or 64 keys; else pointers."""
+    tile = next((n for n in (32, 16) if page_size % n == 0), 0)
+    heads = DECODE_PAGED_HEADS_SM90.get((head_dim_pad, tile))
+    if heads and tma and adjacent and nheads_k % heads.heads == 0 and rows <= 16:
+        chunk, fill = heads_programs(pairs, capacity, num_sms, heads.heads)
+        if fill and chunk >= (DECODE_PAGED_HEADS_FROM if page_size < 64 else DECODE_HEADS_FROM):
+            return heads
+    waves = pairs >= num_sms
+    tile = next((n for n in (128, 64) if tma and page_size % n == 0), 0)
+    return (DECODE_PAGED_SM90_WAVES if waves else DECODE_PAGED_SM90).get((head_dim_pad, tile))
 
 
 def decode_splits(programs, capacity, num_sms):
@@ -349,3 +395,9 @@ def decode_configs_sm90():
     """Every (padded head dim, config) decode_config or decode_heads_config can pick on sm90."""
     plain = [*DECODE_SM90.items(), *DECODE_SM90_WAVES.items()]
     return plain + [(pad, replace(c, key_groups=DECODE_KEY_GROUPS)) for pad, c in plain] + [*DECODE_HEADS_SM90.items()]
+
+
+def decode_paged_configs_sm90():
+    """Every (padded head dim, keys a TMA box or 0 for pointers, config) decode_paged_config can pick on sm90."""
+    return [(pad, tile, c) for table in (DECODE_PAGED_SM90, DECODE_PAGED_SM90_WAVES, DECODE_PAGED_HEADS_SM90)
+            for (pad, tile), c in table.items()]

@@ -242,11 +242,15 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     batch, seqlen_q, nheads, head_dim = q.shape
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
     if config is None and not interpreter_enabled():
-        nheads_k = k_cache.shape[2]
-        heads = configs.decode_heads_config(head_dim_pad(head_dim), nheads_k, nheads // nheads_k * seqlen_q, programs,
-                                            capacity, sms)
-        if heads and block_table is None and _heads_adjacent(k_cache, v_cache):
-            config = heads
+        nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
+        rows = nheads // nheads_k * seqlen_q
+        if block_table is None:
+            heads = configs.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
+            config = heads if heads and _heads_adjacent(k_cache, v_cache) else None
+        else:  # a paged tile is one TMA box only where it lies inside a page: no cache_leftpad shifting the tiles
+            tma = leftpad is None and tma_addressable(k_cache) and tma_addressable(v_cache)
+            config = configs.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma,
+                                                 tma and _heads_adjacent(k_cache, v_cache), programs, capacity, sms)
     programs //= config.heads if config else 1
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)

@@ -87,16 +87,18 @@ def main():
                       MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
                       DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
         rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
-    for pad, cfg in configs.decode_configs_sm90():
-        for paged in (False, True) if cfg.heads == 1 else (False,):
-            consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
-                          USE_TMA=not paged, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
-                          MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
-                          HAS_ALIBI=False, WRITE_LSE=False, DOT_PRECISION="tf32",
-                          KEY_GROUPS=cfg.key_groups, HEADS=cfg.heads)
-            tensors = {} if paged else dict(K=cfg.block_n, V=cfg.block_n)
-            kernel = compile_kernel(flash_decode_split_kernel, tensors, consts, cfg, False, heads=cfg.heads)
-            rows.append(kernel)
+    decode = [(pad, cfg, paged, not paged) for pad, cfg in configs.decode_configs_sm90()
+              for paged in ((False, True) if cfg.heads == 1 else (False,))]
+    decode += [(pad, cfg, True, tile > 0) for pad, tile, cfg in configs.decode_paged_configs_sm90()]
+    for pad, cfg, paged, tma in decode:
+        consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
+                      USE_TMA=tma, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
+                      MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
+                      HAS_ALIBI=False, WRITE_LSE=False, DOT_PRECISION="tf32",
+                      KEY_GROUPS=cfg.key_groups, HEADS=cfg.heads)
+        tensors = dict(K=cfg.block_n, V=cfg.block_n) if tma else {}
+        kernel = compile_kernel(flash_decode_split_kernel, tensors, consts, cfg, False, heads=cfg.heads)
+        rows.append(dict(kernel, paged=paged))
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     for (head_dim, causal), top in configs.FWD_HOPPER.items() if GLUON_VERSION_OK else ():
         rows.extend(compile_hopper_fwd(head_dim, causal, cfg) for cfg in configs.hopper_fwd_chain(top))

@@ -25,6 +25,7 @@ def test_forward_compiles_for_sm90():
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel", "flash_decode_split_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
     decode = sum(2 if c.heads == 1 else 1 for _, c in configs.decode_configs_sm90())  # contiguous and paged; heads>1 not paged
+    decode += len(configs.decode_paged_configs_sm90())
     hopper_fwd = sum(len(list(configs.hopper_fwd_chain(c))) for c in configs.FWD_HOPPER.values())
     assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER) + decode
                          + hopper_fwd * len(hopper))

@@ -1,4 +1,6 @@
 """Flash decoding over contiguous and paged KV caches, the in-place append, and combine (CPU tier)."""
+import functools
+
 import pytest
 import torch
 
@@ -244,17 +246,26 @@ def _decode_case(monkeypatch, config, heads, capacity, lengths, new, layout):
     return q, k_cache, v_cache, rows
 
 
+def _pages(k_cache, v_cache, page_size):
+    """k_cache, v_cache as shuffled pages of one block table; V's spare pages hold inf."""
+    k_pages, table = paged(k_cache, page_size)
+    v_pages = torch.full_like(k_pages, float("inf"))
+    v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
+    return k_pages, v_pages, table
+
+
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
-@pytest.mark.parametrize("layout", ["contiguous", "batch-idx", "paged16"])
+@pytest.mark.parametrize("layout", ["contiguous", "batch-idx", "paged16", "paged64"])
 @pytest.mark.parametrize("masks", ["none", "causal-window"])
 @pytest.mark.parametrize("tiles", [(32, 1), (64, 4)], ids=["32keys", "64keys-4groups"])
 def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypatch):
     """The key loop runs whole tiles unmasked and then the tile that crosses the end masked, its V rows zeroed:
     lengths that end inside a tile, on a tile's edge, 0 and the full cache (its slots past each length hold
     inf, which must not reach the output), GQA 8/2, one token or two causal with a window, through a contiguous
-    cache, rows picked by cache_batch_idx, or pages; tiles of one key group, or of four merged at the end."""
+    cache, rows picked by cache_batch_idx, or pages (of 16 keys read by pointers; of 64, a tile's keys one TMA box
+    inside a page); tiles of one key group, or of four merged at the end."""
     from flashtile import configs
-    batch, capacity = 5, 160
+    batch, capacity = 5, 192
     lengths = [0, 1, capacity, 97, 64]
     q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(tiles[0], 4, 1, key_groups=tiles[1]),
                                              (8, 2, 64), capacity, lengths, 2 if masks == "causal-window" else 1,
@@ -262,11 +273,9 @@ def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypat
     kwargs = dict(cache_seqlens=_i32(lengths), num_splits=num_splits, return_softmax_lse=True)
     if masks == "causal-window":
         kwargs.update(causal=True, window_size=(70, 0))
-    if layout == "paged16":
-        k_pages, table = paged(k_cache[:batch], 16)
-        v_pages = torch.full_like(k_pages, float("inf"))
-        v_pages[table.flatten().long()] = v_cache[:batch].reshape(-1, 16, *v_cache.shape[2:])
-        caches, kwargs["block_table"] = (k_pages, v_pages), table
+    if layout.startswith("paged"):
+        k_pages, v_pages, kwargs["block_table"] = _pages(k_cache[:batch], v_cache[:batch], int(layout[5:]))
+        caches = (k_pages, v_pages)
     elif layout == "batch-idx":
         caches, kwargs["cache_batch_idx"] = (k_cache, v_cache), rows
     else:
@@ -279,15 +288,15 @@ def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypat
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
-@pytest.mark.parametrize("layout", ["key-major", "head-major", "batch-idx"])
+@pytest.mark.parametrize("layout", ["key-major", "head-major", "batch-idx", "paged16"])
 @pytest.mark.parametrize("options", ["none", "causal-window", "softcap-alibi"])
 @pytest.mark.parametrize("heads", [2, 4], ids=["2heads", "4heads"])
 def test_decode_several_kv_heads_a_program(heads, options, layout, num_splits, monkeypatch):
     """A program reads ``heads`` adjacent KV heads a tile, each head's query rows with their own softmax state
     (configs.decode_heads_config): every head's output and LSE against the float64 reference, GQA 16/4, lengths
     0, 1, on a tile's edge, inside a tile and full (the slots past each length hold inf), one token or two causal
-    with a window, a softcap with per-head ALiBi slopes; the cache key-major (flash-attn's), a head-major view, or
-    rows picked by cache_batch_idx."""
+    with a window, a softcap with per-head ALiBi slopes; the cache key-major (flash-attn's), a head-major view,
+    rows picked by cache_batch_idx, or pages of 16 keys (one TMA box of all the heads' keys a page)."""
     from flashtile import configs
     batch, capacity, nheads = 5, 80, 16
     lengths = [0, 1, capacity, 37, 48]
@@ -304,6 +313,9 @@ def test_decode_several_kv_heads_a_program(heads, options, layout, num_splits, m
         ref_kwargs = dict(softcap=3.0, alibi_slopes=slopes)
     if layout == "batch-idx":
         caches, kwargs["cache_batch_idx"] = (k_cache, v_cache), rows
+    elif layout == "paged16":
+        k_pages, v_pages, kwargs["block_table"] = _pages(k_cache[:batch], v_cache[:batch], 16)
+        caches = (k_pages, v_pages)
     else:
         caches = (k_cache[:batch], v_cache[:batch])
     with poisoned_outputs():
@@ -319,8 +331,8 @@ def test_decode_several_kv_heads_a_program(heads, options, layout, num_splits, m
 
 
 def test_several_heads_config_refuses_what_it_cannot_read():
-    """Several KV heads a program need a TMA-addressable contiguous cache, heads they divide and one query-row tile
-    a head: a clear ValueError before any launch otherwise."""
+    """Several KV heads a program need a TMA-addressable cache (pages that hold whole tiles), heads they divide and
+    one query-row tile a head: a clear ValueError before any launch otherwise."""
     from flashtile import configs, ops
     q = randn(2, 1, 8, 64, dtype=torch.float16)
     k_cache, v_cache = (randn(2, 64, 2, 64, dtype=torch.float16) for _ in range(2))
@@ -333,10 +345,33 @@ def test_several_heads_config_refuses_what_it_cannot_read():
     ]:
         with pytest.raises(ValueError, match="several KV heads a program"):
             ops.kvcache_forward(*call, lens, None, None, 64, 0.125, (-1, -1), 1, config=config)
-    k_pages, table = paged(k_cache, 16)
+    k_pages, table = paged(k_cache, 16)  # 32-key tiles cross pages of 16: read by pointers
     with pytest.raises(ValueError, match="several KV heads a program"):
         ops.kvcache_forward(q, k_pages, k_pages, lens, None, table, 64, 0.125, (-1, -1), 1,
-                            config=configs.DecodeConfig(16, 4, 1, heads=2))
+                            config=configs.DecodeConfig(32, 4, 1, heads=2))
+
+
+def test_paged_dispatch():
+    """Which tiles a paged cache gets (D=128, 8 KV heads, 4 query rows a head, 132 SMs): four KV heads a box where
+    their programs fill the SMs with 4k keys each (pages under 64 keys) or 16k; else one head's boxes of 128 or 64
+    keys inside a page; pointers where a tile cannot lie inside a page or TMA cannot address the pool."""
+    from flashtile import configs
+    rule = functools.partial(configs.decode_paged_config, 128)
+    b32_4k, b8_32k, b32_32k, b1_32k = (32 * 8, 4096, 132), (8 * 8, 32768, 132), (32 * 8, 32768, 132), (8, 32768, 132)
+    assert rule(16, 8, 4, True, True, *b32_32k) == configs.DecodeConfig(16, 4, 8, heads=4)
+    assert rule(32, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(32, 4, 5, heads=4)
+    assert rule(16, 8, 4, True, True, *b1_32k) == configs.DecodeConfig(128, 4, 5)  # 32 programs: pointers
+    assert rule(16, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(64, 4, 5)  # 2k keys a program: pointers
+    assert rule(256, 8, 4, True, True, *b32_32k).heads == 4  # 16k keys a program
+    assert rule(256, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 4k keys a program
+    assert rule(256, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(128, 4, 3)  # one wave
+    assert rule(64, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(64, 4, 7)
+    assert rule(16, 8, 4, True, False, *b32_32k) == configs.DecodeConfig(64, 4, 5)  # heads apart: pointers
+    assert rule(16, 6, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 6 KV heads: pointers
+    assert rule(16, 8, 20, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 20 query rows a head
+    assert rule(256, 8, 4, False, False, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # cache_leftpad: pointers
+    assert rule(48, 8, 4, True, True, *b8_32k).block_n == 16
+    assert configs.decode_paged_config(64, 256, 8, 4, True, True, *b32_32k) is None  # D=64: the contiguous tiles
 
 
 def test_several_heads_dispatch():

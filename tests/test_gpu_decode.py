@@ -37,6 +37,36 @@ def test_decode_real_sizes(page_size, new_tokens):
     assert_attention_close(out, ref, base)
 
 
+@pytest.mark.parametrize("batch", [32, 4], ids=["waves", "splits"])
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128, 256], ids=lambda p: f"page{p}")
+def test_decode_paged_tiles(page_size, batch, monkeypatch):
+    """Each page size's tiles (configs.decode_paged_config: pages under 64 keys as boxes of four KV heads or by
+    pointers, longer ones as one head's boxes of 64 or 128 keys, each inside a page), at ragged lengths with inf in
+    every slot past a sequence's end; two new tokens, causal, a window of 3000 keys."""
+    from flashtile import ops
+    configs_seen = []
+    launch = ops.launch_decode
+    monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
+    capacity = 8192
+    lengths = ([2, 3, capacity, 4095, 4096, 4097] + torch.randint(2, capacity, (max(batch - 6, 0),)).tolist())[:batch]
+    q = randn(batch, 2, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(batch, capacity, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    for b, n in enumerate(lengths):
+        k_cache[b, n:], v_cache[b, n:] = float("inf"), float("inf")
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE) - 2
+    slots = (torch.arange(batch, device=DEVICE)[:, None], seqlens.long()[:, None] + torch.arange(2, device=DEVICE))
+    k_new, v_new = k_cache[slots], v_cache[slots]  # the cache's own last two keys, appended again
+    out = _kvcache_call(q, k_cache, v_cache, page_size, k=k_new, v=v_new, cache_seqlens=seqlens,
+                        causal=True, window_size=(3000, 0))
+    chosen = configs_seen[-1]
+    if page_size < 64:  # four heads a box with 4k keys a program (B=32), else pointers over 128-key tiles (B=4)
+        assert (chosen.heads, chosen.block_n) == ((4, page_size) if batch == 32 else (1, 128)), chosen
+    else:
+        assert (chosen.heads, chosen.block_n) == (1, min(page_size, 128)), chosen
+    ref, _, base = expected(q, k_cache, v_cache, lengths, causal=True, window_size=(3000, 0))
+    assert_attention_close(out, ref, base)
+
+
 def test_decode_long_cache_many_splits():
     q = randn(2, 1, 32, 128, dtype=torch.bfloat16)
     k_cache, v_cache = (randn(2, 131072, 8, 128, dtype=torch.bfloat16) for _ in range(2))

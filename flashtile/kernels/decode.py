@@ -12,7 +12,9 @@ users bring (``flashtile.combine``).
 
 The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through ``cache_batch_idx`` (else
 row b), or paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b
-lives in page block_table[b, j // page_size] at offset j % page_size.
+lives in page block_table[b, j // page_size] at offset j % page_size. Where BLOCK_N divides the page size (and no
+cache_leftpad shifts the tiles), a tile lies inside one page and comes as one TMA box, as in a contiguous cache;
+else its rows are gathered by pointers.
 """
 import triton
 import triton.language as tl
@@ -70,6 +72,8 @@ def flash_decode_split_kernel(
         end = tl.minimum(end, last_token + diag + right + 1)
     if MASK_LEFT:
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
+        if PAGED and USE_TMA:  # whole tiles keep each inside a page; the band mask drops the keys left of the window
+            start = start // BLOCK_N * BLOCK_N
     if HAS_LEFTPAD:  # the sequence's keys start at cache_leftpad[b]: the slots before it are padding
         start = tl.maximum(start, tl.load(cache_leftpad + b))
     cache_row = b  # the contiguous cache's row of this sequence (unused when PAGED)
@@ -142,8 +146,12 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
     tensor cores."""
     GROUP_N: tl.constexpr = BLOCK_N // KEY_GROUPS
     keys = start_n + offs_n  # [BLOCK_N]
+    row, slot = cache_row, start_n
+    if USE_TMA and PAGED:  # the tile lies inside one page (BLOCK_N divides page_size)
+        row = tl.load(block_table + b * stride_bt + start_n // page_size).to(tl.int64)
+        slot = start_n % page_size
     if USE_TMA:
-        k = tma_tile(K, cache_row, h_k, start_n, HEADS, BLOCK_N, HEAD_DIM_PAD)
+        k = tma_tile(K, row, h_k, slot, HEADS, BLOCK_N, HEAD_DIM_PAD)
     else:
         k = cache_tile(K, block_table, b, page, keys, end, page_size, stride_bt, stride_kp, stride_kt, stride_kh,
                        h_k, offs_d, d_ok, PAGED, LAST)
@@ -162,7 +170,7 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
         qk = tl.where(tl.permute(ok.reshape(token.shape[0], KEY_GROUPS, GROUP_N), (1, 0, 2)), qk, float("-inf"))
     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True, AXIS=2)
     if USE_TMA:
-        v = tma_tile(V, cache_row, h_k, start_n, HEADS, BLOCK_N, HEAD_DIM_PAD)
+        v = tma_tile(V, row, h_k, slot, HEADS, BLOCK_N, HEAD_DIM_PAD)
         if LAST:
             v = tl.where((keys < end)[:, None] & d_ok[None, :], v, 0.0)
     else:
@@ -336,12 +344,13 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     page_size = k_cache.shape[1] if paged else 0
     block_m = _block_m(group, seqlen_q)
     pad = max(16, next_pow2(head_dim))
-    use_tma = not paged and tma_addressable(k_cache) and tma_addressable(v_cache)
+    use_tma = (tma_addressable(k_cache) and tma_addressable(v_cache)
+               and (not paged or page_size % config.block_n == 0 and leftpad is None))
     if config.heads > 1 and not (use_tma and nheads_k % config.heads == 0 and config.key_groups == 1
                                  and block_m == 16):
-        raise ValueError(f"decode config {config}: several KV heads a program need a contiguous TMA-addressable cache "
-                         f"whose KV heads they divide, one key group and at most 16 query rows a head; here "
-                         f"{'paged' if paged else 'TMA-addressable' if use_tma else 'not TMA-addressable'}, "
+        raise ValueError(f"decode config {config}: several KV heads a program need a TMA-addressable cache (pages a "
+                         f"multiple of block_n, no cache_leftpad), KV heads they divide, one key group and at most 16 "
+                         f"query rows a head; here {'read by TMA' if use_tma else 'read by pointers'}, "
                          f"{nheads_k} KV heads, {group * seqlen_q} query rows a head")
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad,
                                     config.heads) if use_tma else (k_cache, v_cache)
