@@ -85,15 +85,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q (batch, seqlen_q, nheads, headdim): the new queries (seqlen_q > 1 for speculative decoding or chunked
     prefill; with ``causal`` they sit at the end of the cache, aligned bottom-right). k_cache, v_cache:
     (batch_cache, seqlen_cache, nheads_k, headdim), or paged (num_pages, page_size, nheads_k, headdim) with
-    ``block_table`` (batch, max_pages) int32. ``cache_seqlens`` (int or int32 (batch,)): keys already in
-    the cache; new ``k``, ``v`` (batch, seqlen_new, nheads_k, headdim) are written there in place first.
-    ``cache_batch_idx`` (int32 (batch,)) picks the cache rows of a contiguous cache. ``num_splits=0``
-    chooses the split count from the SM count, batch, heads and cache size. ``rotary_cos``, ``rotary_sin``
-    (seqlen_ro, rotary_dim / 2), with k and v: the new keys are turned at positions cache_seqlens[b] + t before
-    they are written, the queries too (at cache_seqlens[b] + t if causal or windowed, else all at
-    cache_seqlens[b]); ``rotary_interleaved`` pairs features (2i, 2i + 1), else (i, i + rotary_dim / 2).
-    ``cache_leftpad`` (int32 (batch,)): sequence b's keys start at that slot (left padding), up to
-    cache_seqlens[b]; rotary positions stay the slots' own indices. ``softcap`` > 0 caps the scores:
+    ``block_table`` (batch, max_pages) int32: any page size, read at 94-100 % of a contiguous cache's speed with
+    pages of 64 keys or more, 87-99 % with shorter ones from batch 8 on (D=128; docs/perf.md, decode run 35).
+    ``cache_seqlens`` (int or int32 (batch,)): keys already in the cache; new ``k``, ``v`` (batch, seqlen_new,
+    nheads_k, headdim) are written there in place first. ``cache_batch_idx`` (int32 (batch,)) picks the cache rows
+    of a contiguous cache. ``num_splits=0`` chooses the split count from the SM count, batch, heads and cache
+    size. ``rotary_cos``, ``rotary_sin`` (seqlen_ro, rotary_dim / 2), with k and v: the new keys are turned at
+    positions cache_seqlens[b] + t before they are written, the queries too (at cache_seqlens[b] + t if causal or
+    windowed, else all at cache_seqlens[b]); ``rotary_interleaved`` pairs features (2i, 2i + 1), else
+    (i, i + rotary_dim / 2). ``cache_leftpad`` (int32 (batch,)): sequence b's keys start at that slot (left
+    padding), up to cache_seqlens[b]; rotary positions stay the slots' own indices. ``softcap`` > 0 caps the scores:
     softcap · tanh(softmax_scale · q·k / softcap). ``alibi_slopes`` (float32 (nheads,) or (batch, nheads)) adds
     −slope · |i + seqlen_k − seqlen_q − j| to the score of query i and key j (after the cap).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
