@@ -347,8 +347,8 @@ def heads_programs(pairs, capacity, num_sms, heads):
 #   against 252.1). Pages under 64 keys from DECODE_PAGED_HEADS_FROM keys a program on, where the programs fill the
 #   SMs: pages of 32, B=8, L=32k (4k keys a program) 265.5 against 309.0 by pointers; pages of 16 as 16-key boxes,
 #   8 stages: 267.3 against 307.0, B=32, L=32k 977.2 against 1008.4. A loss with fewer keys (B=8, L=4k, 512 keys a
-#   program: 62.8 against 56.1 by pointers; B=32, L=4k, 2k: 146.4 against 146.0) or programs (B=1, 32 programs:
-#   L=32k 100.7 against 55.9, call 10).
+#   program: 62.8 against 56.1 by pointers, calls 8 and 5; B=32, L=4k, 2k: 146.4 against 146.0, calls 8 and 11) or
+#   programs (B=1, 32 programs: L=32k 100.7 against 55.9, both in call 10).
 DECODE_PAGED_SM90 = {(128, 128): DecodeConfig(128, 4, 5), (128, 64): DecodeConfig(64, 4, 7),
                      (128, 0): DecodeConfig(128, 4, 5)}
 DECODE_PAGED_SM90_WAVES = {(128, 128): DecodeConfig(128, 4, 3), (128, 64): DecodeConfig(64, 4, 7),

@@ -13,7 +13,7 @@ import triton
 from . import configs
 from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd
-from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements
+from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
 from .kernels.fwd import launch_fwd
 from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
@@ -244,13 +244,13 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     if config is None and not interpreter_enabled():
         nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
         rows = nheads // nheads_k * seqlen_q
-        if block_table is None:
-            heads = configs.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
-            config = heads if heads and _heads_adjacent(k_cache, v_cache) else None
-        else:  # a paged tile is one TMA box only where it lies inside a page: no cache_leftpad shifting the tiles
-            tma = leftpad is None and tma_addressable(k_cache) and tma_addressable(v_cache)
+        if block_table is not None:
+            tma = reads_by_tma(k_cache, v_cache, True, leftpad)
             config = configs.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma,
                                                  tma and _heads_adjacent(k_cache, v_cache), programs, capacity, sms)
+        elif _heads_adjacent(k_cache, v_cache):  # cheapest test first: this runs on every decode step
+            heads = configs.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
+            config = heads if heads and reads_by_tma(k_cache, v_cache, False, leftpad) else None
     programs //= config.heads if config else 1
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)
@@ -271,8 +271,8 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
 
 
 def _heads_adjacent(k_cache, v_cache):
-    """Whether each key holds its KV heads side by side (flash-attn's contiguous layout), TMA-addressable."""
-    return all(t.stride(3) == 1 and t.stride(2) == t.shape[3] and tma_addressable(t) for t in (k_cache, v_cache))
+    """Whether each key holds its KV heads side by side (flash-attn's contiguous layout, a page pool's)."""
+    return all(t.stride(3) == 1 and t.stride(2) == t.shape[3] for t in (k_cache, v_cache))
 
 
 _SCRATCH = {}

@@ -14,23 +14,13 @@ import torch.nn.functional as F
 
 from flashtile import flash_attn_with_kvcache, ops, set_value_checks
 from flashtile.bench.__main__ import best_of_turns
-from flashtile.bench.decode import _eager_us
+from flashtile.bench.decode import _eager_us, paged_cache
 from flashtile.configs import DecodeConfig
 
 NHEADS, NHEADS_K, HEAD_DIM = 32, 8, 128
 
 
-def paged(cache, page_size, generator):
-    """cache (batch, L, H_kv, D) as a pool of pages in shuffled order and the block table that reads it back."""
-    batch, seqlen = cache.shape[:2]
-    pages = seqlen // page_size
-    order = torch.randperm(batch * pages, generator=generator).to(cache.device)
-    pool = torch.empty(batch * pages, page_size, *cache.shape[2:], device=cache.device, dtype=cache.dtype)
-    pool[order] = cache.reshape(batch * pages, page_size, *cache.shape[2:])
-    return pool, order.reshape(batch, pages).to(torch.int32)
-
-
-def timers(batch, seqlen, page_sizes, configs, generator):
+def timers(batch, seqlen, page_sizes, configs):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q = torch.randn(batch, 1, NHEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(batch, seqlen, NHEADS_K, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -47,8 +37,8 @@ def timers(batch, seqlen, page_sizes, configs, generator):
 
     fns = {"cuDNN": functools.partial(cudnn, kt, vt), "flashtile, contiguous": functools.partial(ours, kc, vc)}
     for page_size in page_sizes:
-        (kp, table), (vp, _) = paged(kc, page_size, generator.manual_seed(1)), paged(vc, page_size,
-                                                                                  generator.manual_seed(1))
+        kp, table = paged_cache(kc, page_size)
+        vp, _ = paged_cache(vc, page_size, table=table)
         fns[f"flashtile, pages of {page_size}"] = functools.partial(ours, kp, vp, block_table=table)
         fns[f"gather + cuDNN, {page_size}"] = lambda kp=kp, vp=vp, table=table: cudnn(
             kp[table].flatten(1, 2).transpose(1, 2), vp[table].flatten(1, 2).transpose(1, 2))
@@ -69,11 +59,10 @@ def main():
     args = parser.parse_args()
     configs = list(zip(*[iter(args.configs)] * 7))
     set_value_checks(False)
-    generator = torch.Generator()
     header = None
     for batch in args.batches:
         for seqlen in args.seqlens:
-            fns = timers(batch, seqlen, args.pages, configs, generator)
+            fns = timers(batch, seqlen, args.pages, configs)
             outs = {name: fn().float() for name, fn in fns.items()}
             worst = max((outs[n] - outs["cuDNN"]).abs().max().item() for n in outs)
             best = best_of_turns({n: functools.partial(_eager_us, fn) for n, fn in fns.items()}, args.rounds)

@@ -1,4 +1,7 @@
 """The benchmark's report (no GPU needed)."""
+import pytest
+import torch
+
 from flashtile.bench.__main__ import table
 
 
@@ -107,3 +110,21 @@ def test_decode_bench_table_ratio():
     lines = table(rows).splitlines()
     assert lines[0].startswith("| B | L | flashtile TB/s (µs) | cuDNN TB/s (µs) | FA2 (SDPA flash) TB/s (µs) |")
     assert lines[2] == "| 8 | 4096 | 2.00 (10.0) | 1.80 (11.0) | refused | 1.100 | 7.5 | – | – |"
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_paged_cache_reads_back_the_cache(page_size):
+    """The decode probes' and tests' paged caches: every page once, shuffled, the pool read through the table is the
+    cache; a second call given the table (V beside K) lays its cache out the same way, spares filled as asked."""
+    from flashtile.bench.decode import paged_cache
+    k, v = torch.randn(3, 128, 2, 8), torch.randn(3, 128, 2, 8)
+    pool, table = paged_cache(k, page_size, spare_pages=2)
+    assert table.dtype == torch.int32 and table.shape == (3, 128 // page_size) and pool.shape[0] == table.numel() + 2
+    assert len(set(table.flatten().tolist())) == table.numel()  # every page once
+    assert not torch.equal(table.flatten(), torch.arange(table.numel(), dtype=torch.int32))  # shuffled
+    assert torch.equal(pool[table.long()].flatten(1, 2), k)
+    v_pool, same = paged_cache(v, page_size, spare_pages=2, table=table, fill=float("inf"))
+    assert same is table and torch.equal(v_pool[table.long()].flatten(1, 2), v)
+    spare = torch.ones(pool.shape[0], dtype=torch.bool)
+    spare[table.flatten().long()] = False
+    assert bool(torch.isinf(v_pool[spare]).all())

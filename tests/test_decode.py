@@ -6,19 +6,12 @@ import torch
 
 import flashtile
 from flashtile import reference
+from flashtile.bench.decode import paged_cache
 from flashtile.kernels.tiles import tma_addressable
 from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention
 
 
-def paged(cache, page_size, spare_pages=3):
-    """The same cache as shuffled pages: (num_pages, page_size, nheads_k, headdim) and a block table."""
-    batch, capacity = cache.shape[:2]
-    per_seq = capacity // page_size
-    num_pages = batch * per_seq + spare_pages
-    perm = torch.randperm(num_pages, device=cache.device)[:batch * per_seq].view(batch, per_seq)
-    pages = randn(num_pages, page_size, *cache.shape[2:], dtype=cache.dtype)
-    pages[perm.flatten()] = cache.reshape(batch * per_seq, page_size, *cache.shape[2:])
-    return pages, perm.to(torch.int32)
+paged = functools.partial(paged_cache, spare_pages=3)  # the same cache as shuffled pages, and its block table
 
 
 def expected(q, k_cache, v_cache, lengths, causal=False, window_size=(-1, -1)):
@@ -45,8 +38,7 @@ def test_decode_one_token(heads, layout):
     if layout != "contiguous":
         page_size = int(layout[5:])
         k_pages, table = paged(k_cache, page_size)
-        v_pages = torch.empty_like(k_pages)
-        v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, nheads_k, 64)
+        v_pages, _ = paged(v_cache, page_size, table=table)
         kwargs = dict(block_table=table)
         caches = (k_pages, v_pages)
     else:
@@ -73,8 +65,7 @@ def test_append_new_tokens_causal(paged_cache, num_splits):
         k_full[b, n:n + new], v_full[b, n:n + new] = k_new[b], v_new[b]
     if paged_cache:
         k_pages, table = paged(k_cache, 32)
-        v_pages = randn(*k_pages.shape, dtype=torch.float16)
-        v_pages[table.flatten().long()] = v_cache.reshape(-1, 32, nheads_k, head_dim)
+        v_pages, _ = paged(v_cache, 32, table=table)
         k_before, v_before = k_pages.clone(), v_pages.clone()
         out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, cache_seqlens=seqlens,
                                                 block_table=table, causal=True, num_splits=num_splits)
@@ -142,8 +133,7 @@ def test_append_with_rotary(paged_cache, interleaved, causal):
                   causal=causal)
     if paged_cache:
         k_pages, table = paged(k_cache, 16)
-        v_pages = randn(*k_pages.shape, dtype=torch.float16)
-        v_pages[table.flatten().long()] = v_cache.reshape(-1, 16, nheads_k, head_dim)
+        v_pages, _ = paged(v_cache, 16, table=table)
         out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, block_table=table, **kwargs)
         k_after = k_pages[table.long()].reshape(batch, capacity, nheads_k, head_dim)
     else:
@@ -173,8 +163,7 @@ def test_cache_leftpad(paged_cache, num_splits):
     with poisoned_outputs():
         if paged_cache:
             k_pages, table = paged(k_cache, 16)
-            v_pages = randn(*k_pages.shape, dtype=torch.float16)
-            v_pages[table.flatten().long()] = v_cache.reshape(-1, 16, nheads_k, head_dim)
+            v_pages, _ = paged(v_cache, 16, table=table)
             out, lse = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, block_table=table,
                                                          **kwargs)
         else:
@@ -249,9 +238,7 @@ def _decode_case(monkeypatch, config, heads, capacity, lengths, new, layout):
 def _pages(k_cache, v_cache, page_size):
     """k_cache, v_cache as shuffled pages of one block table; V's spare pages hold inf."""
     k_pages, table = paged(k_cache, page_size)
-    v_pages = torch.full_like(k_pages, float("inf"))
-    v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
-    return k_pages, v_pages, table
+    return k_pages, paged(v_cache, page_size, table=table, fill=float("inf"))[0], table
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
@@ -372,6 +359,10 @@ def test_paged_dispatch():
     assert rule(256, 8, 4, False, False, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # cache_leftpad: pointers
     assert rule(48, 8, 4, True, True, *b8_32k).block_n == 16
     assert configs.decode_paged_config(64, 256, 8, 4, True, True, *b32_32k) is None  # D=64: the contiguous tiles
+    from flashtile.kernels.decode import reads_by_tma
+    pool = randn(6, 16, 8, 64, dtype=torch.float16)
+    assert reads_by_tma(pool, pool, True, None) and not reads_by_tma(pool, pool, True, _i32([0, 3]))
+    assert reads_by_tma(pool, pool, False, _i32([0, 3])) and not reads_by_tma(pool, pool[..., ::2], True, None)
 
 
 def test_several_heads_dispatch():
@@ -554,8 +545,7 @@ def test_block_table_padding_past_the_used_pages_is_accepted():
     q = randn(2, 1, 4, 64, dtype=torch.float16)
     k_cache, v_cache = (randn(2, 64, 2, 64, dtype=torch.float16) for _ in range(2))
     k_pages, table = paged(k_cache, 16)
-    v_pages = torch.empty_like(k_pages)
-    v_pages[table.flatten().long()] = v_cache.reshape(-1, 16, 2, 64)
+    v_pages, _ = paged(v_cache, 16, table=table)
     table[:, 2:] = -1  # 20 keys use pages 0 and 1 only
     out = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=20, block_table=table)
     ref, _, base = expected(q, k_cache, v_cache, [20, 20])

@@ -14,9 +14,8 @@ def _kvcache_call(q, k_cache, v_cache, page_size, **kwargs):
     if not page_size:
         return flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
     k_pages, table = paged(k_cache, page_size)
-    v_pages = torch.empty_like(k_pages)
-    v_pages[table.flatten().long()] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
-    return flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, **kwargs)
+    return flashtile.flash_attn_with_kvcache(q, k_pages, paged(v_cache, page_size, table=table)[0], block_table=table,
+                                             **kwargs)
 
 
 @pytest.mark.parametrize("page_size", [0, 16, 256], ids=["contiguous", "page16", "page256"])
@@ -125,8 +124,7 @@ def test_decode_loop_replays_see_each_steps_tensors(page_size):
         lengths = [100, 5000]
         if page_size:
             k_cache, table = paged(k_full, page_size)
-            v_cache = torch.empty_like(k_cache)
-            v_cache[table.flatten().long()] = v_full.reshape(-1, page_size, nheads_k, head_dim)
+            v_cache, _ = paged(v_full, page_size, table=table)
         else:
             k_cache, v_cache, table = k_full.clone(), v_full.clone(), None
         for step in range(4):

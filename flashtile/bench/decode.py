@@ -55,6 +55,21 @@ def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128, layout="head"):
     }
 
 
+def paged_cache(cache, page_size, spare_pages=0, table=None, fill=None):
+    """cache (batch, L, H_kv, D) as a pool of shuffled pages, (batch·L / page_size + spare_pages, page_size, H_kv, D),
+    and the int32 block table (batch, L / page_size) that reads it back. ``table``: reuse an earlier call's (V beside
+    K). The spare pages hold random values, or ``fill``."""
+    batch, seqlen = cache.shape[:2]
+    per_seq = seqlen // page_size
+    shape = (batch * per_seq + spare_pages, page_size, *cache.shape[2:])
+    if table is None:
+        table = torch.randperm(shape[0], device=cache.device)[:batch * per_seq].view(batch, per_seq).to(torch.int32)
+    pool = (torch.randn(shape, device=cache.device, dtype=torch.float32).to(cache.dtype) if fill is None
+            else torch.full(shape, fill, device=cache.device, dtype=cache.dtype))
+    pool[table.flatten().long()] = cache.reshape(-1, *shape[1:])
+    return pool, table
+
+
 SWEEP_SHAPES = ((1, 4096), (1, 32768), (8, 4096), (8, 32768), (8, 131072), (32, 4096), (32, 32768))
 SWEEP_CONFIGS = ((128, 4, 3, 4), (128, 4, 2, 4), (128, 4, 3, 1), (128, 4, 2, 1), (64, 4, 4, 4), (64, 4, 3, 1))
 

@@ -344,8 +344,7 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     page_size = k_cache.shape[1] if paged else 0
     block_m = _block_m(group, seqlen_q)
     pad = max(16, next_pow2(head_dim))
-    use_tma = (tma_addressable(k_cache) and tma_addressable(v_cache)
-               and (not paged or page_size % config.block_n == 0 and leftpad is None))
+    use_tma = reads_by_tma(k_cache, v_cache, paged, leftpad) and (not paged or page_size % config.block_n == 0)
     if config.heads > 1 and not (use_tma and nheads_k % config.heads == 0 and config.key_groups == 1
                                  and block_m == 16):
         raise ValueError(f"decode config {config}: several KV heads a program need a TMA-addressable cache (pages a "
@@ -381,6 +380,12 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
         replay.pin("K", replay.descriptors[0])
         replay.pin("V", replay.descriptors[1])
     return replay
+
+
+def reads_by_tma(k_cache, v_cache, paged, leftpad):
+    """Whether the cache's tiles may come as TMA boxes: both tensors TMA-addressable and, when paged, no cache_leftpad
+    moving the tiles off the pages' edges (each tile must also fit in a page: BLOCK_N dividing page_size)."""
+    return tma_addressable(k_cache) and tma_addressable(v_cache) and not (paged and leftpad is not None)
 
 
 def _block_m(group, seqlen_q):
