@@ -287,9 +287,15 @@ class DecodeConfig:
 # D=32/64/256 unswept.
 DECODE_SM90 = {32: DecodeConfig(128, 4, 3), 64: DecodeConfig(128, 4, 3), 128: DecodeConfig(128, 4, 3),
                256: DecodeConfig(64, 4, 3)}
-# One split (batch x KV heads fill the SMs, so programs come in waves): 2 stages. B=32, L=4k: 3.94 against 3.89
-# TB/s for 3 stages in `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v5-eager.md, eager,
-# cuDNN 3.95 in the same turns), 122 against 124 µs in decode-sweep-v4's CUDA graphs; a tie at L=32k and 128k.
+# One split (batch x KV heads fill the SMs, so programs come in waves): 2 stages. B=32, L=4k: 3.94 against 3.89 TB/s for
+# 3 stages in `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v5-eager.md, eager, cuDNN 3.95 in
+# the same turns), 122 against 124 µs in decode-sweep-v4's CUDA graphs; a tie at L=32k and 128k. Not where
+# (configs.decode_waves) two programs an SM would end on a wave of under one program an SM: both arrangements end on
+# that same tail, whose programs read faster with the deeper ring. scripts/decode_paired.py, L=32k, head-major, µs, two
+# programs an SM / one (docs/results/decode-run36.md): B=40 (320 programs, a tail of 56) 1356.6 / 1230.0 and 1328.5 /
+# 1278.1 on two kinds of machine (calls 5, 4); with the rule (call 6) B=34 1229.2 / 1095.9, B=48 1474.4 / 1434.0, B=80
+# 2436.0 / 2374.9. Where two programs an SM end on a full or nearly full wave a tie or a loss (B=24 744.4 / 754.6, B=32
+# 962.3 / 964.6, call 5), though on the slower kind one program an SM won at B=32 too (977.3 / 954.4, call 3).
 DECODE_SM90_WAVES = {128: DecodeConfig(128, 4, 2)}
 # From DECODE_GROUPED_FROM keys per program on, the tile's keys go in one group per warp (docs/perf.md, decode v12;
 # scripts/decode_l2_probe.py, D=128, docs/results/decode-run32.md calls 5-6): B=32, L=128k 3665-3672 µs against
@@ -326,10 +332,13 @@ def decode_heads_config(head_dim_pad, nheads_k, rows, pairs, capacity, num_sms):
 
 
 def heads_programs(pairs, capacity, num_sms, heads):
-    """With ``heads`` KV heads a program: (keys a program, whether the programs fill nine tenths of the SMs)."""
+    """With ``heads`` KV heads a program: (keys a program, whether the programs, one an SM, fill nine tenths of the SMs
+    in every wave). A last wave under that runs on few SMs: B=80, L=32k, key-major, 160 programs of four heads took
+    2814.9 µs against 2402.5 for one head a program (docs/results/decode-run36.md, call 7)."""
     programs = pairs // heads
     splits = decode_splits(programs, capacity, num_sms)
-    return capacity // splits, programs * splits >= 0.9 * num_sms
+    tail = programs * splits % num_sms
+    return capacity // splits, programs * splits >= 0.9 * num_sms and (tail == 0 or tail >= 0.9 * num_sms)
 
 
 # Paged caches (block_table). A tile's keys come as one TMA box where the tile lies inside a page (its page id one
@@ -372,6 +381,13 @@ def decode_paged_config(head_dim_pad, page_size, nheads_k, rows, tma, adjacent, 
     waves = pairs >= num_sms
     tile = next((n for n in (128, 64) if tma and page_size % n == 0), 0)
     return (DECODE_PAGED_SM90_WAVES if waves else DECODE_PAGED_SM90).get((head_dim_pad, tile))
+
+
+def decode_waves(pairs, num_sms):
+    """Whether ``pairs`` (batch, KV head) programs of one split take DECODE_SM90_WAVES: they fill the SMs, and two
+    programs an SM do not end on a tail wave of under one program an SM after full waves."""
+    tail = pairs % (2 * num_sms)
+    return pairs >= num_sms and not (pairs > 2 * num_sms and 0 < tail < num_sms)
 
 
 def decode_splits(programs, capacity, num_sms):

@@ -255,7 +255,9 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)
     per_split = cdiv(capacity, max(num_splits, 1))
-    config = config or configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), programs >= sms, per_split)
+    if config is None:
+        waves = configs.decode_waves(programs, sms)
+        config = configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), waves, per_split)
     chunk = cdiv(per_split, config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
     out = torch.empty_like(q)

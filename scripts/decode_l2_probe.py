@@ -151,7 +151,7 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
     from flashtile import ops
     from flashtile.bench.decode import peers
     from flashtile.bench.__main__ import best_of_turns
-    from flashtile.configs import DecodeConfig, decode_config, decode_splits
+    from flashtile.configs import DecodeConfig, decode_config, decode_splits, decode_waves
     from flashtile.kernels import decode
     from scripts.decode_read_floor import cache
     cands = list(zip(*[iter(configs_flat)] * fields))
@@ -175,7 +175,7 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
                 kc, vc = (cache(batch, seqlen, layout) for _ in range(2))
                 lens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
                 timers = {"cuDNN": fns["cuDNN"], "flashtile (shipped)": fns["flashtile"]}
-                shipped = decode_config(128, False, batch * 8 >= sms)
+                shipped = decode_config(128, False, decode_waves(batch * 8, sms))
                 if before is not None:
                     def run_before(args=(q, kc, vc, lens, None, None, seqlen, 128 ** -0.5, (-1, -1), 0)):
                         ops.launch_decode = before.launch_decode

@@ -375,6 +375,9 @@ def test_several_heads_dispatch():
     assert rule(128, 8, 4, 8 * 8, 32768, 132) is None  # B=8, L=32k: 4k keys a program
     assert rule(128, 8, 4, 1 * 8, 131072, 132) is None  # B=1: 2 programs x 16 splits, a quarter of the SMs
     assert rule(128, 8, 4, 32 * 8, 4096, 132) is None
+    assert rule(128, 8, 4, 64 * 8, 32768, 132).heads == 4  # B=64: 128 programs, one wave
+    assert rule(128, 8, 4, 80 * 8, 32768, 132) is None  # B=80: 160 programs, the second wave 28
+    assert rule(128, 8, 4, 66 * 8, 32768, 132).heads == 4  # B=66: 132 programs
     assert rule(128, 8, 32, 32 * 8, 32768, 132) is None  # 8 new tokens: 32 query rows a head
     assert rule(128, 2, 4, 32 * 2, 131072, 132) is None  # 2 KV heads
     assert rule(64, 8, 4, 32 * 8, 32768, 132) is None  # not measured at D=64
@@ -382,6 +385,16 @@ def test_several_heads_dispatch():
     assert ops._heads_adjacent(key_major, key_major)
     head_major = key_major.transpose(1, 2).contiguous().transpose(1, 2)
     assert not ops._heads_adjacent(key_major, head_major)
+
+
+def test_waves_dispatch():
+    """Two programs an SM (DECODE_SM90_WAVES) once the (batch, KV head) programs fill the SMs, except where that would
+    end on a tail wave of under one program an SM after full waves (132 SMs)."""
+    from flashtile import configs
+    waves = [b for b in (8, 16, 17, 24, 32, 33, 34, 40, 48, 50, 64, 66, 80) if configs.decode_waves(b * 8, 132)]
+    assert waves == [17, 24, 32, 33, 50, 64, 66]
+    assert configs.decode_config(128, False, True, 32768) == configs.DecodeConfig(128, 4, 2, key_groups=4)
+    assert configs.decode_config(128, False, False, 4096) == configs.DecodeConfig(128, 4, 3)
 
 
 def test_split_merge_leaves_its_counters_zeroed():

@@ -97,6 +97,27 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
     assert_attention_close(out, ref, base)
 
 
+def test_decode_in_three_waves(monkeypatch):
+    """B=40: 320 (batch, KV head) programs, which at two an SM would end on a tail of 56 after one full wave, run one an
+    SM (configs.decode_waves; 3 stages on a 132-SM H200), right at ragged lengths."""
+    from flashtile import configs, ops
+    from flashtile.kernels.tiles import num_sms
+    configs_seen = []
+    launch = ops.launch_decode
+    monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
+    batch, capacity = 40, 4096
+    lengths = [0, 1, capacity, 127, 128, 129] + torch.randint(1, capacity, (batch - 6,)).tolist()
+    q = randn(batch, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(batch, 8, capacity, 128, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    if num_sms(q.device) == 132:
+        assert configs_seen[-1] == configs.DECODE_SM90[128], configs_seen
+    assert configs_seen[-1].num_stages == (2 if configs.decode_waves(batch * 8, num_sms(q.device)) else 3)
+    ref, _, base = expected(q, k_cache, v_cache, lengths)
+    assert_attention_close(out, ref, base)
+
+
 def test_decode_under_cuda_graph():
     q = randn(1, 1, 32, 128, dtype=torch.bfloat16)
     k_cache, v_cache = (randn(1, 4096, 8, 128, dtype=torch.bfloat16) for _ in range(2))
