@@ -1,4 +1,6 @@
 """The benchmark's report (no GPU needed)."""
+import json
+
 import pytest
 import torch
 
@@ -110,6 +112,21 @@ def test_decode_bench_table_ratio():
     lines = table(rows).splitlines()
     assert lines[0].startswith("| B | L | flashtile TB/s (µs) | cuDNN TB/s (µs) | FA2 (SDPA flash) TB/s (µs) |")
     assert lines[2] == "| 8 | 4096 | 2.00 (10.0) | 1.80 (11.0) | refused | 1.100 | 7.5 | – | – |"
+
+
+def test_decode_bench_replots_a_saved_run(tmp_path):
+    """``python -m flashtile.bench.decode --replot decode.json`` draws decode.png from a saved run, without a GPU: a
+    panel per layout, peers that did not run left out."""
+    pytest.importorskip("matplotlib")
+    from flashtile.bench.decode import main
+    rows = [dict(layout=layout, batch=b, seqlen=n, peer=peer, us=10.0, tbps=1.0 + b / 8 + n / 8192)
+            for layout in ("head", "key") for b in (1, 8) for n in (4096, 8192) for peer in ("flashtile", "cuDNN")]
+    rows.append(dict(layout="key", batch=8, seqlen=4096, peer="FA2 (SDPA flash)", error="refused"))
+    saved = tmp_path / "decode.json"
+    saved.write_text(json.dumps(rows))
+    main(["--replot", str(saved), "--out", str(tmp_path / "plots")])
+    png = (tmp_path / "plots" / "decode.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
 @pytest.mark.parametrize("page_size", [16, 64])

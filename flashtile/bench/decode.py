@@ -5,6 +5,8 @@ merit is KV-cache bytes read per second (2·B·L·H_kv·D·2 bytes over the time
 step replayed as a CUDA graph, where launch overhead no longer counts. Every peer reads the same cache tensors, in
 one of two layouts (--layouts): "head", SDPA's (batch, H_kv, L, D) contiguous (flashtile takes its
 (batch, L, H_kv, D) transpose), or "key", flash-attn's (batch, L, H_kv, D) contiguous (SDPA takes the transpose).
+Writes decode.md, decode.json and decode.png (KV TB/s by cache length) to --out; ``--replot decode.json`` draws the
+plot again without a GPU.
 """
 import argparse
 import functools
@@ -125,6 +127,38 @@ def table(rows):
     return "\n".join(lines) + "\n"
 
 
+PLOT_PEERS = ("flashtile", "cuDNN", "FA2 (SDPA flash)")
+PLOT_TITLES = {"head": "SDPA's head-major cache (B, H_kv, L, D)", "key": "flash-attn's key-major cache (B, L, H_kv, D)"}
+
+
+def plot(rows, path):
+    """KV TB/s against the cache length, a panel per layout, a line per (peer, batch): eager times, flashtile bold."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    layouts = list(dict.fromkeys(r["layout"] for r in rows))
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, len(layouts), figsize=(6 * len(layouts), 4.2), squeeze=False, sharey=True)
+    colors = dict(zip(PLOT_PEERS, ("tab:red", "tab:blue", "tab:gray")))
+    for ax, layout in zip(axes[0], layouts):
+        for peer in PLOT_PEERS:
+            for batch, marker in zip(batches, "os^Dv"):
+                pts = sorted((r["seqlen"], r["tbps"]) for r in rows
+                             if (r["layout"], r["peer"], r["batch"]) == (layout, peer, batch) and "tbps" in r)
+                if pts:
+                    ax.plot(*zip(*pts), marker=marker, color=colors[peer], label=f"{peer}, B={batch}",
+                            linewidth=2.5 if peer == "flashtile" else 1.2, alpha=1.0 if peer == "flashtile" else 0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(PLOT_TITLES[layout])
+        ax.set_xlabel("cache length L (keys)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("KV cache read, TB/s (decode, 32/8 heads, D=128, bf16)")
+    axes[0][-1].legend(fontsize=7, ncol=len(PLOT_PEERS))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _eager_us(fn):
     """(median µs of fn called eagerly, None), or (None, the reason it could not run)."""
     try:
@@ -143,11 +177,17 @@ def main(argv=None):
     parser.add_argument("--layouts", nargs="+", default=["head", "key"], choices=["head", "key"],
                         help="the cache every peer reads: SDPA's head-major, flash-attn's key-major")
     parser.add_argument("--out", default="results")
+    parser.add_argument("--replot", metavar="DECODE_JSON", help="only draw decode.png again from a saved decode.json")
     parser.add_argument("--sweep", action="store_true", help="only sweep the decode tile configs")
     parser.add_argument("--sweep-configs", type=int, nargs="+",
                         help="block_n warps stages key_groups, flat (with --sweep)")
     parser.add_argument("--sweep-splits", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16])
     args = parser.parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            rows = json.load(f)
+        os.makedirs(args.out, exist_ok=True)
+        return plot(rows, os.path.join(args.out, "decode.png"))
     if not torch.cuda.is_available():
         sys.exit("flashtile.bench.decode needs a CUDA GPU")
     if args.sweep:
@@ -189,6 +229,7 @@ def main(argv=None):
         json.dump(rows, f, indent=1)
     with open(os.path.join(args.out, "decode.md"), "w") as f:
         f.write(report)
+    plot(rows, os.path.join(args.out, "decode.png"))
     print(report)
 
 
