@@ -367,8 +367,8 @@ DECODE_PAGED_HEADS_FROM = 4096
 
 
 def decode_paged_config(head_dim_pad, page_size, nheads_k, rows, tma, adjacent, pairs, capacity, num_sms):
-    """The paged cache's tiles (None: as the contiguous cache's). ``tma``: the pools are TMA-addressable and no
-    cache_leftpad shifts the tiles; ``adjacent``: a key's KV heads sit side by side; ``rows``: query rows a head;
+    """The paged cache's tiles (None: as the contiguous cache's). ``tma``: the pools are TMA-addressable;
+    ``adjacent``: a key's KV heads sit side by side; ``rows``: query rows a head;
     ``pairs``: (batch, KV head) programs of one head. Four KV heads a box where they fit, their programs fill the
     SMs and each gets DECODE_PAGED_HEADS_FROM keys (pages under 64 keys) or DECODE_HEADS_FROM; else one head in
     boxes of 128 or 64 keys; else pointers."""

@@ -245,12 +245,12 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
         nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
         rows = nheads // nheads_k * seqlen_q
         if block_table is not None:
-            tma = reads_by_tma(k_cache, v_cache, True, leftpad)
+            tma = reads_by_tma(k_cache, v_cache)
             config = configs.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma,
                                                  tma and _heads_adjacent(k_cache, v_cache), programs, capacity, sms)
         elif _heads_adjacent(k_cache, v_cache):  # cheapest test first: this runs on every decode step
             heads = configs.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
-            config = heads if heads and reads_by_tma(k_cache, v_cache, False, leftpad) else None
+            config = heads if heads and reads_by_tma(k_cache, v_cache) else None
     programs //= config.heads if config else 1
     if num_splits <= 0:
         num_splits = configs.decode_splits(programs, capacity, sms)

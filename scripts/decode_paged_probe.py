@@ -2,7 +2,9 @@
 shuffled block table (page sizes --pages), by flashtile from a contiguous key-major cache, by cuDNN from its own
 head-major copy, and by "gather + cuDNN" (what SDPA users do with a paged cache: gather the pages into a contiguous
 cache each step, then attend). Extra flashtile configs on the paged cache with --configs (page_size block_n warps
-stages key_groups splits heads, flat: each for its page size; splits 0: automatic). KV TB/s (µs) counts the cache bytes once; peers take turns, each keeps its best median.
+stages key_groups splits heads, flat: each for its page size; splits 0: automatic). With --leftpad N each page size also
+runs with cache_leftpad N for every sequence (the keys before it padding). KV TB/s (µs) counts the whole cache's bytes
+once; peers take turns, each keeps its best median.
 
     PYTHONPATH=. python scripts/decode_paged_probe.py [--batches 1 8 32] [--seqlens 4096 32768] [--pages 16 64 256]
 """
@@ -20,7 +22,7 @@ from flashtile.configs import DecodeConfig
 NHEADS, NHEADS_K, HEAD_DIM = 32, 8, 128
 
 
-def timers(batch, seqlen, page_sizes, configs):
+def timers(batch, seqlen, page_sizes, configs, leftpad=0):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q = torch.randn(batch, 1, NHEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(batch, seqlen, NHEADS_K, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -40,6 +42,10 @@ def timers(batch, seqlen, page_sizes, configs):
         kp, table = paged_cache(kc, page_size)
         vp, _ = paged_cache(vc, page_size, table=table)
         fns[f"flashtile, pages of {page_size}"] = functools.partial(ours, kp, vp, block_table=table)
+        if leftpad:
+            pads = torch.full((batch,), leftpad, dtype=torch.int32, device="cuda")
+            fns[f"pages of {page_size}, leftpad {leftpad}"] = functools.partial(ours, kp, vp, block_table=table,
+                                                                               cache_leftpad=pads)
         fns[f"gather + cuDNN, {page_size}"] = lambda kp=kp, vp=vp, table=table: cudnn(
             kp[table].flatten(1, 2).transpose(1, 2), vp[table].flatten(1, 2).transpose(1, 2))
         for c in (c[1:] for c in configs if c[0] == page_size):
@@ -56,15 +62,16 @@ def main():
     parser.add_argument("--pages", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--configs", type=int, nargs="*", default=[])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--leftpad", type=int, default=0)
     args = parser.parse_args()
     configs = list(zip(*[iter(args.configs)] * 7))
     set_value_checks(False)
     header = None
     for batch in args.batches:
         for seqlen in args.seqlens:
-            fns = timers(batch, seqlen, args.pages, configs)
+            fns = timers(batch, seqlen, args.pages, configs, args.leftpad)
             outs = {name: fn().float() for name, fn in fns.items()}
-            worst = max((outs[n] - outs["cuDNN"]).abs().max().item() for n in outs)
+            worst = max((outs[n] - outs["cuDNN"]).abs().max().item() for n in outs if "leftpad" not in n)
             best = best_of_turns({n: functools.partial(_eager_us, fn) for n, fn in fns.items()}, args.rounds)
             if header is None:
                 header = list(fns)

@@ -146,24 +146,27 @@ def test_append_with_rotary(paged_cache, interleaved, causal):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
-@pytest.mark.parametrize("paged_cache", [False, True], ids=["contiguous", "paged16"])
-def test_cache_leftpad(paged_cache, num_splits):
+@pytest.mark.parametrize("page_size", [0, 16, 64], ids=["contiguous", "paged16", "paged64"])
+def test_cache_leftpad(page_size, num_splits):
     """Sequence b attends to slots [cache_leftpad[b], cache_seqlens[b]) plus two appended tokens, causally;
-    a sequence whose pad covers every slot sees only its new tokens."""
-    batch, capacity, nheads, nheads_k, head_dim, new = 4, 96, 8, 2, 64, 2
+    a sequence whose pad covers every slot sees only its new tokens. The pad slots hold NaN: pages of 64 come as
+    64-key boxes from a tile edge, so the keys before the pad are loaded and must weigh nothing."""
+    batch, capacity, nheads, nheads_k, head_dim, new = 4, 128, 8, 2, 64, 2
     lengths, pads = [40, 90, 7, 50], [0, 33, 7, 49]
     q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
     k_new, v_new = (randn(batch, new, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
     k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
+    for b, pad in enumerate(pads):
+        k_cache[b, :pad], v_cache[b, :pad] = float("nan"), float("nan")
     k_full, v_full = k_cache.clone(), v_cache.clone()
     for b, n in enumerate(lengths):
         k_full[b, n:n + new], v_full[b, n:n + new] = k_new[b], v_new[b]
     kwargs = dict(cache_seqlens=_i32(lengths), cache_leftpad=_i32(pads), causal=True, num_splits=num_splits,
                   return_softmax_lse=True)
     with poisoned_outputs():
-        if paged_cache:
-            k_pages, table = paged(k_cache, 16)
-            v_pages, _ = paged(v_cache, 16, table=table)
+        if page_size:
+            k_pages, table = paged(k_cache, page_size)
+            v_pages, _ = paged(v_cache, page_size, table=table)
             out, lse = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, block_table=table,
                                                          **kwargs)
         else:
@@ -356,13 +359,12 @@ def test_paged_dispatch():
     assert rule(16, 8, 4, True, False, *b32_32k) == configs.DecodeConfig(64, 4, 5)  # heads apart: pointers
     assert rule(16, 6, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 6 KV heads: pointers
     assert rule(16, 8, 20, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 20 query rows a head
-    assert rule(256, 8, 4, False, False, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # cache_leftpad: pointers
+    assert rule(256, 8, 4, False, False, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # not TMA-addressable: pointers
     assert rule(48, 8, 4, True, True, *b8_32k).block_n == 16
     assert configs.decode_paged_config(64, 256, 8, 4, True, True, *b32_32k) is None  # D=64: the contiguous tiles
     from flashtile.kernels.decode import reads_by_tma
     pool = randn(6, 16, 8, 64, dtype=torch.float16)
-    assert reads_by_tma(pool, pool, True, None) and not reads_by_tma(pool, pool, True, _i32([0, 3]))
-    assert reads_by_tma(pool, pool, False, _i32([0, 3])) and not reads_by_tma(pool, pool[..., ::2], True, None)
+    assert reads_by_tma(pool, pool) and not reads_by_tma(pool, pool[..., ::2])
 
 
 def test_several_heads_dispatch():

@@ -12,9 +12,9 @@ users bring (``flashtile.combine``).
 
 The cache is contiguous (batch, seqlen, nheads_k, headdim), rows picked through ``cache_batch_idx`` (else
 row b), or paged (num_pages, page_size, nheads_k, headdim) through ``block_table``: key j of sequence b
-lives in page block_table[b, j // page_size] at offset j % page_size. Where BLOCK_N divides the page size (and no
-cache_leftpad shifts the tiles), a tile lies inside one page and comes as one TMA box, as in a contiguous cache;
-else its rows are gathered by pointers.
+lives in page block_table[b, j // page_size] at offset j % page_size. Where BLOCK_N divides the page size, a tile
+lies inside one page and comes as one TMA box, as in a contiguous cache (a window's or a cache_leftpad's first tile
+starts at a tile edge, the keys before masked); else its rows are gathered by pointers.
 """
 import triton
 import triton.language as tl
@@ -72,10 +72,14 @@ def flash_decode_split_kernel(
         end = tl.minimum(end, last_token + diag + right + 1)
     if MASK_LEFT:
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
-        if PAGED and USE_TMA:  # whole tiles keep each inside a page; the band mask drops the keys left of the window
-            start = start // BLOCK_N * BLOCK_N
+    pad = 0
     if HAS_LEFTPAD:  # the sequence's keys start at cache_leftpad[b]: the slots before it are padding
-        start = tl.maximum(start, tl.load(cache_leftpad + b))
+        pad = tl.load(cache_leftpad + b)
+        start = tl.maximum(start, pad)
+    MASK_PAD: tl.constexpr = PAGED and USE_TMA and HAS_LEFTPAD
+    # whole tiles keep each inside a page; the masks drop the keys left of the window or of the pad
+    if PAGED and USE_TMA and (MASK_LEFT or HAS_LEFTPAD):
+        start = start // BLOCK_N * BLOCK_N
     cache_row = b  # the contiguous cache's row of this sequence (unused when PAGED)
     if HAS_BATCH_IDX and not PAGED:
         cache_row = tl.load(batch_idx + b).to(tl.int64)
@@ -88,14 +92,24 @@ def flash_decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     page = tl.zeros([BLOCK_N], tl.int64) + (0 if PAGED else cache_row)  # a contiguous cache's row of each key
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # the tiles before it end before `end`
-    for last in tl.static_range(2):  # the whole tiles, then the tile that crosses `end`, if any
-        lo, hi = (full_end, end) if last else (start, full_end)
-        for start_n in tl.range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = attend_tile(
-                acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
-                stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag,
-                left, right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA,
-                MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI, DOT_PRECISION, last == 1, HEADS)
+    first_end = start
+    if MASK_PAD:  # the tile that holds the pad's edge is masked; the whole tiles after it are not
+        first_end = tl.minimum(start + BLOCK_N, full_end)
+    for step in tl.static_range(3):  # the pad's tile, the whole tiles, then the tile that crosses `end`, if any
+        if step == 0:
+            lo, hi = start, first_end
+        elif step == 1:
+            lo, hi = first_end, full_end
+        else:
+            lo, hi = full_end, end
+        if step > 0 or MASK_PAD:
+            for start_n in tl.range(lo, hi, BLOCK_N):
+                acc, m_i, l_i = attend_tile(
+                    acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, pad, page_size,
+                    stride_bt, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok,
+                    token, diag, left, right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS,
+                    PAGED, USE_TMA, MASK_LEFT, MASK_RIGHT, MASK_PAD and step != 1, SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+                    step == 2, HEADS)
 
     if HEADS == 1:
         m_i, l_i, acc = merge_groups(m_i, l_i, acc)  # [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM]
@@ -133,17 +147,18 @@ def flash_decode_split_kernel(
 
 
 @triton.jit
-def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, page_size, stride_bt,
+def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, pad, page_size, stride_bt,
                 stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag,
                 left, right, slopes, softcap_scale, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 KEY_GROUPS: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
-                MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                LAST: tl.constexpr, HEADS: tl.constexpr):
+                MASK_RIGHT: tl.constexpr, MASK_PAD: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, LAST: tl.constexpr, HEADS: tl.constexpr):
     """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys, or of each of
     the HEADS KV heads from h_k on (q, m_i, l_i and acc carry the groups first): scores, the online softmax, P·V into
     acc. Only the LAST tile (the one that crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with
     TMA they are real cache memory, maybe never written); every other tile's V goes from shared memory straight to the
-    tensor cores."""
+    tensor cores. With MASK_PAD (a left-padded paged cache read as boxes: the first and the last tile) the tile also
+    drops the keys before ``pad`` and zeroes their V rows."""
     GROUP_N: tl.constexpr = BLOCK_N // KEY_GROUPS
     keys = start_n + offs_n  # [BLOCK_N]
     row, slot = cache_row, start_n
@@ -164,15 +179,19 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
         qk, _ = modified_scores(qk, softcap_scale, tl.expand_dims(slopes, -1), dist, SOFTCAP, HAS_ALIBI)
     else:
         qk, _ = modified_scores(qk, softcap_scale, 0.0, 0.0, SOFTCAP, HAS_ALIBI)
-    if LAST or MASK_LEFT or MASK_RIGHT:
-        ok = tl.broadcast_to(band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT),
-                             [token.shape[0], BLOCK_N])
+    if LAST or MASK_LEFT or MASK_RIGHT or MASK_PAD:
+        ok = band_mask(token, keys, end, diag, left, right, MASK_LEFT, MASK_RIGHT)
+        if MASK_PAD:
+            ok = ok & (keys >= pad)[None, :]
+        ok = tl.broadcast_to(ok, [token.shape[0], BLOCK_N])
         qk = tl.where(tl.permute(ok.reshape(token.shape[0], KEY_GROUPS, GROUP_N), (1, 0, 2)), qk, float("-inf"))
     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True, AXIS=2)
     if USE_TMA:
         v = tma_tile(V, row, h_k, slot, HEADS, BLOCK_N, HEAD_DIM_PAD)
         if LAST:
             v = tl.where((keys < end)[:, None] & d_ok[None, :], v, 0.0)
+        if MASK_PAD:
+            v = tl.where((keys >= pad)[:, None], v, 0.0)
     else:
         v = cache_tile(V, block_table, b, page, keys, end, page_size, stride_bt, stride_vp, stride_vt, stride_vh,
                        h_k, offs_d, d_ok, PAGED, LAST)
@@ -344,11 +363,11 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     page_size = k_cache.shape[1] if paged else 0
     block_m = _block_m(group, seqlen_q)
     pad = max(16, next_pow2(head_dim))
-    use_tma = reads_by_tma(k_cache, v_cache, paged, leftpad) and (not paged or page_size % config.block_n == 0)
+    use_tma = reads_by_tma(k_cache, v_cache) and (not paged or page_size % config.block_n == 0)
     if config.heads > 1 and not (use_tma and nheads_k % config.heads == 0 and config.key_groups == 1
                                  and block_m == 16):
         raise ValueError(f"decode config {config}: several KV heads a program need a TMA-addressable cache (pages a "
-                         f"multiple of block_n, no cache_leftpad), KV heads they divide, one key group and at most 16 "
+                         f"multiple of block_n), KV heads they divide, one key group and at most 16 "
                          f"query rows a head; here {'read by TMA' if use_tma else 'read by pointers'}, "
                          f"{nheads_k} KV heads, {group * seqlen_q} query rows a head")
     k_arg, v_arg = host_descriptors(((k_cache, config.block_n), (v_cache, config.block_n)), pad,
@@ -382,10 +401,10 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     return replay
 
 
-def reads_by_tma(k_cache, v_cache, paged, leftpad):
-    """Whether the cache's tiles may come as TMA boxes: both tensors TMA-addressable and, when paged, no cache_leftpad
-    moving the tiles off the pages' edges (each tile must also fit in a page: BLOCK_N dividing page_size)."""
-    return tma_addressable(k_cache) and tma_addressable(v_cache) and not (paged and leftpad is not None)
+def reads_by_tma(k_cache, v_cache):
+    """Whether the cache's tiles may come as TMA boxes: both tensors TMA-addressable (a paged cache's tiles must also
+    fit in a page: BLOCK_N dividing page_size)."""
+    return tma_addressable(k_cache) and tma_addressable(v_cache)
 
 
 def _block_m(group, seqlen_q):
