@@ -295,7 +295,7 @@ DECODE_SM90 = {32: DecodeConfig(128, 4, 3), 64: DecodeConfig(128, 4, 3), 128: De
 # programs an SM / one (docs/results/decode-run36.md): B=40 (320 programs, a tail of 56) 1356.6 / 1230.0 and 1328.5 /
 # 1278.1 on two kinds of machine (calls 5, 4); with the rule (call 6) B=34 1229.2 / 1095.9, B=48 1474.4 / 1434.0, B=80
 # 2436.0 / 2374.9. Where two programs an SM end on a full or nearly full wave a tie or a loss (B=24 744.4 / 754.6, B=32
-# 962.3 / 964.6, call 5), though on the slower kind one program an SM won at B=32 too (977.3 / 954.4, call 3).
+# 962.3 / 964.6, call 5), though on the slower kind one program an SM won at B=32 too (978.8 / 954.4, call 3).
 DECODE_SM90_WAVES = {128: DecodeConfig(128, 4, 2)}
 # From DECODE_GROUPED_FROM keys per program on, the tile's keys go in one group per warp (docs/perf.md, decode v12;
 # scripts/decode_l2_probe.py, D=128, docs/results/decode-run32.md calls 5-6): B=32, L=128k 3665-3672 µs against

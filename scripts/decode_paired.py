@@ -1,7 +1,7 @@
 """Paired turns on one decode shape: each turn times flashtile, SDPA's cuDNN and any extra flashtile configs (do_bench
-median, eager, the order rotating every turn), so a slow stretch of the machine weighs on all of them. Prints, per
-candidate, the median of its per-turn ratios cuDNN / candidate, a bootstrap 95 % interval of that median and the turns
-it won; --show-turns adds every turn's µs.
+median, eager, the order rotating every turn: bench.__main__.every_turn), so a slow stretch of the machine weighs on
+all of them. Prints, per candidate, the median of its per-turn ratios cuDNN / candidate, a bootstrap 95 % interval of
+that median, the turns it won and its largest difference to cuDNN's output; --show-turns adds every turn's µs.
 
     PYTHONPATH=. python scripts/decode_paired.py [--shapes 32 32768 32 131072] [--turns 20] [--layouts head key]
         [--configs block_n warps stages key_groups splits heads ...]   (splits 0: automatic)
@@ -14,18 +14,10 @@ import statistics
 import torch
 
 from flashtile import ops
-from flashtile.bench.__main__ import bench_ms
-from flashtile.bench.decode import peers
+from flashtile.bench.decode import _eager_us, peers
+from flashtile.bench.__main__ import every_turn
 from flashtile.configs import DecodeConfig
-
-
-def paired(fns, turns):
-    """{name: [µs per turn]}, each turn starting one name later."""
-    names, times = list(fns), {name: [] for name in fns}
-    for turn in range(turns):
-        for name in names[turn % len(names):] + names[:turn % len(names)]:
-            times[name].append(bench_ms(fns[name]) * 1e3)
-    return times
+from scripts.decode_read_floor import cache
 
 
 def interval(ratios, draws=4000, seed=0):
@@ -36,19 +28,26 @@ def interval(ratios, draws=4000, seed=0):
 
 
 def candidates(batch, seqlen, layout, configs):
+    """{name: fn}: the bench's flashtile and cuDNN, then each config on a cache of the same layout."""
     fns = peers(batch, seqlen, layout=layout)
     fns = {"flashtile": fns["flashtile"], "cuDNN": fns["cuDNN"]}
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    shape = (batch, 8, seqlen, 128) if layout == "head" else (batch, seqlen, 8, 128)
-    kc, vc = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    if layout == "head":
-        kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)
+    kc, vc = (cache(batch, seqlen, layout) for _ in range(2))
     seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
     for c in configs:
         fns["/".join(map(str, c))] = functools.partial(
             ops.kvcache_forward, q, kc, vc, seqlens, None, None, seqlen, 128 ** -0.5, (-1, -1), c[4],
             config=DecodeConfig(*c[:4], heads=c[5]), want_lse=False)
-    return fns
+    return fns, (q, kc, vc)
+
+
+def config_error(fn, q, kc, vc):
+    """Largest |output - cuDNN's| of a config candidate on its own inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), scale=128 ** -0.5, enable_gqa=True)
+    return (fn()[0].float() - ref.transpose(1, 2).float()).abs().max().item()
 
 
 def main():
@@ -66,17 +65,19 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for layout in args.layouts:
         for batch, seqlen in zip(args.shapes[::2], args.shapes[1::2]):
-            fns = candidates(batch, seqlen, layout, configs)
-            for fn in fns.values():
-                fn()
-            times = paired(fns, args.turns)
+            fns, inputs = candidates(batch, seqlen, layout, configs)
+            errors = {name: config_error(fn, *inputs) for name, fn in list(fns.items())[2:]}
+            results = every_turn({name: functools.partial(_eager_us, fn) for name, fn in fns.items()}, args.turns)
+            times = {name: [t for t, _ in r] for name, r in results.items()}
             for name, us in times.items():
                 ratios = [c / t for c, t in zip(times["cuDNN"], us)]
                 lo, hi = interval(ratios)
                 print(f"| {layout} | {batch} | {seqlen} | {name} | {statistics.median(us):.1f} | "
                       f"{statistics.median(ratios):.4f} | {lo:.4f}-{hi:.4f} | {sum(r > 1 for r in ratios)}/{len(us)} |"
                       + (" " + " ".join(f"{t:.1f}" for t in us) if args.show_turns else ""), flush=True)
-            del fns
+            if errors:
+                print("  max |config - cuDNN|: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
+            del fns, inputs
             torch.cuda.empty_cache()
 
 

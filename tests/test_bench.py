@@ -145,3 +145,19 @@ def test_paged_cache_reads_back_the_cache(page_size):
     spare = torch.ones(pool.shape[0], dtype=torch.bool)
     spare[table.flatten().long()] = False
     assert bool(torch.isinf(v_pool[spare]).all())
+
+
+def test_paired_interval_holds_the_median():
+    """scripts/decode_paired.py: the bootstrap interval of the median ratio is a point for equal ratios and brackets
+    the median of spread ones."""
+    import importlib.util
+    import pathlib
+    import statistics
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "decode_paired.py"
+    spec = importlib.util.spec_from_file_location("decode_paired", path)
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    assert paired.interval([0.997] * 10) == (0.997, 0.997)
+    ratios = [0.99 + 0.001 * i for i in range(21)]
+    lo, hi = paired.interval(ratios)
+    assert lo < statistics.median(ratios) < hi and hi - lo < 0.02

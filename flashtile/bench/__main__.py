@@ -69,20 +69,24 @@ def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
         torch.cuda.empty_cache()
 
 
-def best_of_turns(timers, rounds):
-    """{key: (lowest time, error)} of timers {key: () -> (time or None, error or None)}, each called in turn,
-    ``rounds`` times over, each round starting one key later, so that a clock dip or a busy host during one turn,
-    or the power state the previous key left, does not decide a comparison. A key that never ran keeps its last
-    error."""
-    best = {}
+def every_turn(timers, rounds):
+    """{key: [(time, error) of each turn]} of timers {key: () -> (time or None, error or None)}, each called in turn,
+    ``rounds`` times over, each round starting one key later, so that a clock dip or a busy host during one turn, or
+    the power state the previous key left, does not decide a comparison."""
     keys = list(timers)
+    results = {key: [] for key in keys}
     for turn in range(rounds):
         for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            timer = timers[key]
-            t, error = timer()
-            old = best.get(key)
-            if old is None or (t is not None and (old[0] is None or t < old[0])):
-                best[key] = (t, error)
+            results[key].append(timers[key]())
+    return results
+
+
+def best_of_turns(timers, rounds):
+    """{key: (lowest time, error)} over ``every_turn``; a key that never ran keeps its last error."""
+    best = {}
+    for key, results in every_turn(timers, rounds).items():
+        times = [t for t, _ in results if t is not None]
+        best[key] = (min(times), None) if times else results[-1]
     return best
 
 
