@@ -279,6 +279,53 @@ class DecodeConfig:
     heads: int = 1  # adjacent KV heads a program reads (block_n keys of each a tile), each with its own state
 
 
+@dataclass(frozen=True)
+class DecodeHopperConfig:
+    """The warp-specialized Gluon decode kernel (kernels/decode_hopper.py): keys per K/V tile, ring stages, the
+    registers of each consumer warp and the launch's register cap (256 threads: 128 leave room for two programs an SM,
+    168 for one)."""
+    block_n: int = 64
+    num_stages: int = 2
+    consumer_regs: int = 168
+    maxnreg: int = 128
+
+    def per_sm(self, head_dim):
+        """Programs an SM holds at once: its 64k registers and 227 KB of shared memory (the K and V ring)."""
+        ring = 2 * self.num_stages * self.block_n * head_dim * 2 + 1024
+        return min(65536 // (256 * self.maxnreg), 232448 // ring)
+
+
+# The warp-specialized decode kernel on a head-major cache (a key-major one reads faster four KV heads a box,
+# DECODE_HEADS_SM90), one split, where the (batch, KV head) programs fill their waves (of per_sm programs an SM) to
+# DECODE_HOPPER_FILL. scripts/decode_ws_probe.py, B=32, 32/8 heads, D=128, bf16, paired turns, median cuDNN / candidate
+# on two machines (docs/results/decode-run37.md; cuDNN 956 and 963 µs at L=32k):
+#   L                            4k              32k             128k
+#   64 keys, 2 stages, two an SM   - / 1.0052      1.0012 / 1.0055  1.0016 / 1.0033   (shipped)
+#   64 keys, 3 stages, two an SM   0.9988 / 1.0007 1.0040 / 1.0066  1.0008 / 1.0029
+#   64 keys, 3 stages, one an SM   1.0118 / 0.9936 1.0274 / 1.0028  1.0235 / 0.9970
+#   the portable kernel            0.9983 / 0.9997 0.9983 / 0.9996  1.0004 / 1.0012
+# One program an SM (two waves at B=32) gains most on the first machine and loses on the second; two an SM wins on
+# both. Shorter caches lost (one an SM, call 6: 47.6 against 45.6 µs for the portable kernel at L=1k).
+DECODE_HOPPER = {128: DecodeHopperConfig(64, 2, 168, 128)}
+DECODE_HOPPER_FILL = 0.9
+DECODE_HOPPER_MIN_KEYS = 4096
+
+# Which decode kernel sm90 uses: "auto" (kernels/decode_hopper.py where decode_hopper_config allows, else the portable
+# one) or "portable".
+DECODE_BACKEND = os.environ.get("FLASHTILE_DECODE_BACKEND", "auto")
+
+
+def decode_hopper_config(head_dim, pairs, capacity, num_sms):
+    """The Gluon decode config for ``pairs`` (batch, KV head) programs of one split over caches of ``capacity`` keys, or
+    None: at least DECODE_HOPPER_MIN_KEYS keys, and waves of the config's programs an SM DECODE_HOPPER_FILL full on
+    average."""
+    config = DECODE_HOPPER.get(head_dim) if DECODE_BACKEND == "auto" else None
+    if config is None or capacity < DECODE_HOPPER_MIN_KEYS:
+        return None
+    slots = config.per_sm(head_dim) * num_sms
+    return config if pairs >= DECODE_HOPPER_FILL * -(-pairs // slots) * slots else None
+
+
 # Decode (split-KV): block_n keys per step; block_m is set by the query rows (group x new tokens).
 # `python -m flashtile.bench.decode --sweep` on 2026-11-29 (docs/results/decode-sweep-v3.md, CUDA-graph
 # times, D=128): 128 keys, 4 warps, 3 stages was best or within 3 % of the best at every shape (4.52 TB/s at

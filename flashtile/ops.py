@@ -241,6 +241,11 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
+    if config is None and num_splits <= 1:
+        hopper = _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
+                                       window_size, programs, capacity, sms)
+        if hopper is not None:
+            return _decode_hopper(q, k_cache, v_cache, cache_seqlens, softmax_scale, hopper, want_lse, seqlen_new)
     if config is None and not interpreter_enabled():
         nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
         rows = nheads // nheads_k * seqlen_q
@@ -269,6 +274,30 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
                   softmax_scale, window_size, config, scratch, leftpad, softcap, _unit_last_stride(alibi_slopes),
                   seqlen_new)
+    return out, lse
+
+
+def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes, window_size,
+                          programs, capacity, sms):
+    """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
+    head-major cache (a key-major one goes to the portable kernel, configs.DECODE_HOPPER), no option that masks or
+    biases scores (a causal mask over one new token masks nothing), else None."""
+    if (_arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None or batch_idx is not None
+            or leftpad is not None or softcap or alibi_slopes is not None or window_size[0] >= 0
+            or (window_size[1] >= 0 and q.shape[1] > 1) or _heads_adjacent(k_cache, v_cache)):
+        return None
+    config = configs.decode_hopper_config(q.shape[-1], programs, capacity, sms)
+    if config is None:
+        return None
+    from .kernels import decode_hopper
+    return config if decode_hopper.supports(q, k_cache, v_cache, q.shape[1], q.shape[2] // k_cache.shape[2]) else None
+
+
+def _decode_hopper(q, k_cache, v_cache, cache_seqlens, softmax_scale, config, want_lse, seqlen_new):
+    from .kernels.decode_hopper import launch_decode_hopper
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if want_lse else None
+    launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, config, seqlen_new)
     return out, lse
 
 

@@ -53,7 +53,7 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
     return dict(kernel=kernel.__name__, head_dim=consts["HEAD_DIM"], config=list(cfg.__dict__.values()),
                 varlen=varlen, causal=consts["MASK_RIGHT"], dq=consts.get("DQ_ATOMIC"),
                 shared=compiled.metadata.shared,
-                wgmma=ptx.count("wgmma.mma_async"), tma_loads=ptx.count("cp.async.bulk.tensor"),
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"), tma_loads=ptx.count("cp.async.bulk.tensor"),
                 local=ptx.count("ld.local") + ptx.count("st.local"),
                 tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"))
 
@@ -145,6 +145,21 @@ def compile_hopper_dq(causal, config=None):
                 config=list(config.__dict__.values()), causal=causal)
 
 
+def compile_hopper_decode(layout, config=None):
+    """The Gluon decode kernel (kernels/decode_hopper.py), D=128, GQA 32/8, on a key- or head-major cache, as
+    compile_hopper_fwd."""
+    import torch
+    from flashtile.kernels import decode_hopper
+    config = config or configs.DECODE_HOPPER[128]
+    q = torch.empty(4, 1, 32, 128, dtype=torch.bfloat16)
+    k = (torch.empty(4, 4096, 8, 128, dtype=torch.bfloat16) if layout == "key" else
+         torch.empty(4, 8, 4096, 128, dtype=torch.bfloat16).transpose(1, 2))
+    grid, args, kwargs = decode_hopper.launch_args(q, k, k, torch.empty(4, dtype=torch.int32), q,
+                                                   torch.empty(4, 32, 1), 0.1, config)
+    return dict(_compile_gluon(decode_hopper.flash_decode_hopper_kernel, args, kwargs), head_dim=128,
+                config=list(config.__dict__.values()), causal=False, layout=layout)
+
+
 def _compile_gluon(kernel, args, kwargs):
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
@@ -164,7 +179,7 @@ def _compile_gluon(kernel, args, kwargs):
                                 capture_output=True, text=True).stderr
     spills = re.search(r"(\d+) bytes spill stores", report)
     return dict(kernel=kernel.__name__, varlen=False, dq=None, shared=compiled.metadata.shared,
-                wgmma=ptx.count("wgmma.mma_async"),
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 wgmma_rs=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A operand from registers
                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),

@@ -50,6 +50,24 @@ def config_error(fn, q, kc, vc):
     return (fn()[0].float() - ref.transpose(1, 2).float()).abs().max().item()
 
 
+HEADER = ("| layout | B | L | candidate | median µs | median cuDNN / candidate | 95 % interval | turns won |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def paired_rows(prefix, fns, turns, show_turns=False):
+    """Time ``fns`` (one named "cuDNN") in ``turns`` paired turns and print a HEADER row per candidate after
+    ``prefix``: its median µs, the median of its per-turn ratios cuDNN / candidate with a bootstrap 95 % interval,
+    the turns it won (and every turn's µs with ``show_turns``)."""
+    results = every_turn({name: functools.partial(_eager_us, fn) for name, fn in fns.items()}, turns)
+    times = {name: [t for t, _ in r] for name, r in results.items()}
+    for name, us in times.items():
+        ratios = [c / t for c, t in zip(times["cuDNN"], us)]
+        lo, hi = interval(ratios)
+        print(f"{prefix} {name} | {statistics.median(us):.1f} | {statistics.median(ratios):.4f} | {lo:.4f}-{hi:.4f} | "
+              f"{sum(r > 1 for r in ratios)}/{len(us)} |" + (" " + " ".join(f"{t:.1f}" for t in us) if show_turns
+                                                             else ""), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", type=int, nargs="+", default=[32, 32768, 32, 131072], help="B L, flat")
@@ -61,20 +79,12 @@ def main():
     configs = list(zip(*[iter(args.configs)] * 6))
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}: {args.turns} turns; extra configs "
           "block_n/warps/stages/key_groups/splits/heads\n")
-    print("| layout | B | L | candidate | median µs | median cuDNN / candidate | 95 % interval | turns won |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     for layout in args.layouts:
         for batch, seqlen in zip(args.shapes[::2], args.shapes[1::2]):
             fns, inputs = candidates(batch, seqlen, layout, configs)
             errors = {name: config_error(fn, *inputs) for name, fn in list(fns.items())[2:]}
-            results = every_turn({name: functools.partial(_eager_us, fn) for name, fn in fns.items()}, args.turns)
-            times = {name: [t for t, _ in r] for name, r in results.items()}
-            for name, us in times.items():
-                ratios = [c / t for c, t in zip(times["cuDNN"], us)]
-                lo, hi = interval(ratios)
-                print(f"| {layout} | {batch} | {seqlen} | {name} | {statistics.median(us):.1f} | "
-                      f"{statistics.median(ratios):.4f} | {lo:.4f}-{hi:.4f} | {sum(r > 1 for r in ratios)}/{len(us)} |"
-                      + (" " + " ".join(f"{t:.1f}" for t in us) if args.show_turns else ""), flush=True)
+            paired_rows(f"| {layout} | {batch} | {seqlen} |", fns, args.turns, args.show_turns)
             if errors:
                 print("  max |config - cuDNN|: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
             del fns, inputs

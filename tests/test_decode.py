@@ -399,6 +399,47 @@ def test_waves_dispatch():
     assert configs.decode_config(128, False, False, 4096) == configs.DecodeConfig(128, 4, 3)
 
 
+def test_warp_specialized_dispatch(monkeypatch):
+    """configs.decode_hopper_config: the Gluon kernel (D=128) from 4096 keys, where the (batch, KV head) programs fill
+    their waves of two an SM to nine tenths (132 SMs, 8 KV heads). ops._decode_hopper_config, as if on sm90: only one
+    split over a contiguous head-major cache with no option that masks or biases scores, at most 16 query rows a KV
+    head."""
+    from flashtile import configs, ops
+    assert configs.DECODE_HOPPER[128].per_sm(128) == 2 and configs.DecodeHopperConfig(64, 3, 200, 168).per_sm(128) == 1
+    batches = [b for b in (8, 16, 17, 24, 32, 33, 40, 48, 50, 64, 66, 80)
+               if configs.decode_hopper_config(128, b * 8, 4096, 132)]
+    assert batches == [32, 33, 64, 66]
+    assert configs.decode_hopper_config(128, 256, 2048, 132) is None  # short caches: the portable kernel
+    assert configs.decode_hopper_config(64, 256, 4096, 132) is None
+    monkeypatch.setattr(configs, "DECODE_BACKEND", "portable")
+    assert configs.decode_hopper_config(128, 256, 4096, 132) is None
+    monkeypatch.setattr(configs, "DECODE_BACKEND", "auto")
+
+    monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
+    monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
+
+    def head_major(batch=32, seqlen=4096, head_dim=128, dtype=torch.bfloat16):
+        return torch.empty(batch, 8, seqlen, head_dim, dtype=dtype).transpose(1, 2)
+    q, cache = torch.empty(32, 1, 32, 128, dtype=torch.bfloat16), head_major()
+    plain = dict(batch_idx=None, block_table=None, leftpad=None, softcap=0.0, alibi_slopes=None, window_size=(-1, -1))
+
+    def config(q=q, cache=cache, programs=256, **options):
+        return ops._decode_hopper_config(q, cache, cache, **{**plain, **options}, programs=programs,
+                                         capacity=cache.shape[1], sms=132)
+    assert config() == configs.DECODE_HOPPER[128]
+    assert config(window_size=(-1, 0)) == configs.DECODE_HOPPER[128]  # causal over one new token masks nothing
+    assert config(cache=torch.empty(32, 4096, 8, 128, dtype=torch.bfloat16)) is None  # key-major: the portable kernel
+    index = torch.zeros(32, dtype=torch.int32)
+    for options in (dict(block_table=torch.zeros(32, 4, dtype=torch.int32)), dict(batch_idx=index),
+                    dict(leftpad=index), dict(softcap=30.0), dict(alibi_slopes=torch.ones(32)),
+                    dict(window_size=(100, 0)), dict(programs=192)):
+        assert config(**options) is None, options
+    assert config(q=torch.empty(32, 2, 32, 128, dtype=torch.bfloat16), window_size=(-1, 0)) is None
+    assert config(q=torch.empty(32, 5, 32, 128, dtype=torch.bfloat16)) is None  # 20 query rows a KV head
+    assert config(q=q.float(), cache=head_major(dtype=torch.float32)) is None
+    assert config(q=q[..., :64].contiguous(), cache=head_major(head_dim=64)) is None
+
+
 def test_split_merge_leaves_its_counters_zeroed():
     """The last split of a row tile to finish merges the partials, then zeroes its arrival counter: a second
     call on new data is right too, and no counter is left counting."""

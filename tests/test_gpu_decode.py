@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from helpers import DEVICE, assert_attention_close, randn
+from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn
 from test_decode import expected, paged
 
 pytestmark = pytest.mark.gpu
@@ -78,12 +78,17 @@ def test_decode_long_cache_many_splits():
 @pytest.mark.parametrize("new_tokens", [1, 2], ids=["decode", "spec2"])
 @pytest.mark.parametrize("layout", ["key-major", "head-major"])
 def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
-    """B=32, L=32k: flash-attn's key-major cache is read four KV heads a program (configs.decode_heads_config),
-    SDPA's head-major layout one head a program; both right at ragged lengths (0, 1, around the split edge, full)."""
+    """B=32, L=32k: one new token over SDPA's head-major cache takes the warp-specialized kernel (kernels/decode_hopper.py)
+    on sm90; two new tokens, causal, the portable one, which reads that layout one head a program, as it reads
+    flash-attn's key-major cache four KV heads a program (configs.decode_heads_config), whatever the new tokens; all
+    right at ragged lengths (0, 1, around the split edge, full)."""
     from flashtile import ops
-    configs_seen = []
-    launch = ops.launch_decode
+    from flashtile.kernels import decode_hopper
+    configs_seen, hopper_seen = [], []
+    launch, launch_hopper = ops.launch_decode, decode_hopper.launch_decode_hopper
     monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
+    monkeypatch.setattr(decode_hopper, "launch_decode_hopper",
+                        lambda *args, **kw: (hopper_seen.append(args[7]), launch_hopper(*args, **kw)))
     batch, capacity = 32, 32768
     lengths = [0, 1, capacity, 16383, 16384, 16385] + torch.randint(1, capacity, (batch - 6,)).tolist()
     q = randn(batch, new_tokens, 32, 128, dtype=torch.bfloat16)
@@ -92,8 +97,86 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
         k_cache, v_cache = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k_cache, v_cache))
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
-    assert configs_seen[-1].heads == (4 if layout == "key-major" else 1), configs_seen
+    if new_tokens == 1 and layout == "head-major" and _arch_sm90():
+        assert hopper_seen and not configs_seen, (hopper_seen, configs_seen)
+    else:
+        assert configs_seen[-1].heads == (4 if layout == "key-major" else 1) and not hopper_seen, configs_seen
     ref, _, base = expected(q, k_cache, v_cache, lengths, causal=True)
+    assert_attention_close(out, ref, base)
+
+
+def _arch_sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+def _hopper_launches(monkeypatch):
+    """The configs of every launch of the warp-specialized decode kernel, and of the portable one, from here on."""
+    from flashtile import ops
+    from flashtile.kernels import decode_hopper
+    seen = {"hopper": [], "portable": []}
+    launch, launch_hopper = ops.launch_decode, decode_hopper.launch_decode_hopper
+    monkeypatch.setattr(ops, "launch_decode", lambda *a, **kw: (seen["portable"].append(a[12]), launch(*a, **kw)))
+    monkeypatch.setattr(decode_hopper, "launch_decode_hopper",
+                        lambda *a, **kw: (seen["hopper"].append(a[7]), launch_hopper(*a, **kw)))
+    return seen
+
+
+@pytest.mark.parametrize("append", [False, True], ids=["cached", "append1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["key-major", "head-major"])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 2)], ids=["gqa32-8", "gqa16-2"])
+def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
+    """One split whose (batch, KV head) programs fill their waves (configs.decode_hopper_config): B=32 with 8 KV heads,
+    B=128 with 2 (eight query heads each). kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
+    one), right in O and LSE at ragged lengths (0, 1,
+    around the 64-key tiles, full) with NaN in every cache slot past a sequence, with or without a new token appended
+    first; the output filled with NaN beforehand shows any row it leaves unwritten."""
+    from flashtile import configs, ops
+    from flashtile.kernels.tiles import num_sms
+    nheads, nheads_k = heads
+    batch, capacity = (32, 8192) if nheads_k == 8 else (128, 4096)
+    seen = _hopper_launches(monkeypatch)
+    lengths = [0, 1, capacity, 63, 64, 65, 127] + torch.randint(1, capacity, (batch - 7,)).tolist()
+    new = int(append)
+    lengths = [max(n, new) for n in lengths]
+    q = randn(batch, 1, nheads, 128, dtype=dtype)
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, 128, dtype=dtype) for _ in range(2))
+    if layout == "head-major":
+        k_cache, v_cache = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k_cache, v_cache))
+    k_full, v_full = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths):
+        k_cache[b, n - new:], v_cache[b, n - new:] = float("nan"), float("nan")
+    kwargs = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE) - new)
+    if append:
+        slots = (torch.arange(batch, device=DEVICE)[:, None], kwargs["cache_seqlens"].long()[:, None])
+        kwargs.update(k=k_full[slots], v=v_full[slots])
+    with poisoned_outputs():
+        out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True, **kwargs)
+    hopper = configs.decode_hopper_config(128, batch * nheads_k, capacity, num_sms(q.device))
+    if _arch_sm90() and hopper and not ops._heads_adjacent(k_cache, v_cache):
+        assert seen["hopper"] == [hopper] and not seen["portable"], seen
+    else:  # flash-attn's key-major cache: the portable kernel
+        assert seen["portable"] and not seen["hopper"], seen
+    ref, ref_lse, base = expected(q, k_full, v_full, lengths)
+    assert_attention_close(out, ref, base, lse, ref_lse)
+
+
+def test_decode_warp_specialized_under_cuda_graph(monkeypatch):
+    """The warp-specialized kernel (a head-major cache) captured in a CUDA graph reads the q and lengths of each
+    replay."""
+    seen = _hopper_launches(monkeypatch)
+    q = randn(32, 1, 32, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = (randn(32, 8, 4096, 128, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    seqlens = torch.randint(1, 4097, (32,), dtype=torch.int32, device=DEVICE)
+    flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    q.copy_(randn(32, 1, 32, 128, dtype=torch.bfloat16))
+    seqlens.copy_(torch.randint(1, 4097, (32,), dtype=torch.int32, device=DEVICE))
+    graph.replay()
+    assert seen["hopper"] or not _arch_sm90(), seen
+    ref, _, base = expected(q, k_cache, v_cache, seqlens.tolist())
     assert_attention_close(out, ref, base)
 
 
