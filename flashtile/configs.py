@@ -300,13 +300,18 @@ class DecodeHopperConfig:
 # DECODE_HOPPER_FILL. scripts/decode_ws_probe.py, B=32, 32/8 heads, D=128, bf16, paired turns, median cuDNN / candidate
 # on two machines (docs/results/decode-run37.md; cuDNN 956 and 963 µs at L=32k):
 #   L                            4k              32k             128k
-#   64 keys, 2 stages, two an SM   - / 1.0052      1.0012 / 1.0055  1.0016 / 1.0033   (shipped)
-#   64 keys, 3 stages, two an SM   0.9988 / 1.0007 1.0040 / 1.0066  1.0008 / 1.0029
+#   64 keys, 2 stages, two an SM   - / 1.0052      1.0012 / 1.0055  1.0016 / 1.0033   (shipped under 16k keys)
+#   64 keys, 3 stages, two an SM   0.9988 / 1.0007 1.0040 / 1.0066  1.0008 / 1.0029   (shipped from 16k keys)
 #   64 keys, 3 stages, one an SM   1.0118 / 0.9936 1.0274 / 1.0028  1.0235 / 0.9970
 #   the portable kernel            0.9983 / 0.9997 0.9983 / 0.9996  1.0004 / 1.0012
 # One program an SM (two waves at B=32) gains most on the first machine and loses on the second; two an SM wins on
-# both. Shorter caches lost (one an SM, call 6: 47.6 against 45.6 µs for the portable kernel at L=1k).
+# both. Shorter caches lost (one an SM, call 6: 47.6 against 45.6 µs for the portable kernel at L=1k). From
+# DECODE_HOPPER_LONG_FROM keys, 3 stages: on a third machine (call 14, cuDNN 935 µs) 1.0035 / 1.0010 at 32k / 128k
+# against 1.0013 / 1.0001 for 2 stages; on the second (call 10) 1.0066 / 1.0029 against 1.0055 / 1.0033. At 4k 2 stages
+# led (1.0052 against 1.0007).
 DECODE_HOPPER = {128: DecodeHopperConfig(64, 2, 168, 128)}
+DECODE_HOPPER_LONG = {128: DecodeHopperConfig(64, 3, 168, 128)}
+DECODE_HOPPER_LONG_FROM = 16384
 DECODE_HOPPER_FILL = 0.9
 DECODE_HOPPER_MIN_KEYS = 4096
 
@@ -316,10 +321,11 @@ DECODE_BACKEND = os.environ.get("FLASHTILE_DECODE_BACKEND", "auto")
 
 
 def decode_hopper_config(head_dim, pairs, capacity, num_sms):
-    """The Gluon decode config for ``pairs`` (batch, KV head) programs of one split over caches of ``capacity`` keys, or
-    None: at least DECODE_HOPPER_MIN_KEYS keys, and waves of the config's programs an SM DECODE_HOPPER_FILL full on
-    average."""
-    config = DECODE_HOPPER.get(head_dim) if DECODE_BACKEND == "auto" else None
+    """The Gluon decode config for ``pairs`` (batch, KV head) programs of one split over caches of ``capacity`` keys
+    (DECODE_HOPPER_LONG from DECODE_HOPPER_LONG_FROM keys), or None: at least DECODE_HOPPER_MIN_KEYS keys, and waves of
+    the config's programs an SM DECODE_HOPPER_FILL full on average."""
+    table = DECODE_HOPPER_LONG if capacity >= DECODE_HOPPER_LONG_FROM else DECODE_HOPPER
+    config = table.get(head_dim) if DECODE_BACKEND == "auto" else None
     if config is None or capacity < DECODE_HOPPER_MIN_KEYS:
         return None
     slots = config.per_sm(head_dim) * num_sms

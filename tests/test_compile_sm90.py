@@ -146,13 +146,14 @@ def test_hopper_forward_spills_outside_the_key_loops():
 
 
 def test_hopper_decode_compiles_for_sm90():
-    """kernels/decode_hopper.py on both cache layouts: warp-specialized (registers moved to the consumer warps), no
+    """kernels/decode_hopper.py, both configs on both cache layouts: warp-specialized (registers moved to the consumer warps), no
     spills, within shared memory, two TMA loads (K, V) and each consumer's mma.sync: 4 warps x (2 · 8 for Q·Kᵀ of 16
     keys + 16 for P·V) a tile."""
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
-    for row in _compiled_rows("[compile_sm90.compile_hopper_decode(l) for l in ('key', 'head')]"):
+    for row in _compiled_rows("[compile_sm90.compile_hopper_decode(l, c) for l in ('key', 'head') "
+                              "for c in (configs.DECODE_HOPPER[128], configs.DECODE_HOPPER_LONG[128])]"):
         assert row["setmaxnreg"] > 0 and row["local"] == 0 and not row["mbarrier_reuse"], row
         assert row["tma_loads"] == 2 and row["shared"] <= SM90_SHARED_LIMIT, row
         assert row["mma_sync"] == 4 * (2 * 8 + 16), row

@@ -410,6 +410,8 @@ def test_warp_specialized_dispatch(monkeypatch):
                if configs.decode_hopper_config(128, b * 8, 4096, 132)]
     assert batches == [32, 33, 64, 66]
     assert configs.decode_hopper_config(128, 256, 2048, 132) is None  # short caches: the portable kernel
+    assert configs.decode_hopper_config(128, 256, 32768, 132) == configs.DECODE_HOPPER_LONG[128]
+    assert configs.DECODE_HOPPER_LONG[128].per_sm(128) == 2
     assert configs.decode_hopper_config(64, 256, 4096, 132) is None
     monkeypatch.setattr(configs, "DECODE_BACKEND", "portable")
     assert configs.decode_hopper_config(128, 256, 4096, 132) is None

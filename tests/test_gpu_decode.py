@@ -126,15 +126,15 @@ def _hopper_launches(monkeypatch):
 @pytest.mark.parametrize("layout", ["key-major", "head-major"])
 @pytest.mark.parametrize("heads", [(32, 8), (16, 2)], ids=["gqa32-8", "gqa16-2"])
 def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
-    """One split whose (batch, KV head) programs fill their waves (configs.decode_hopper_config): B=32 with 8 KV heads,
-    B=128 with 2 (eight query heads each). kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
+    """One split whose (batch, KV head) programs fill their waves (configs.decode_hopper_config): B=32 with 8 KV heads
+    over 16k keys, B=128 with 2 (eight query heads each) over 4k, each of the two ring depths. kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
     one), right in O and LSE at ragged lengths (0, 1,
     around the 64-key tiles, full) with NaN in every cache slot past a sequence, with or without a new token appended
     first; the output filled with NaN beforehand shows any row it leaves unwritten."""
     from flashtile import configs, ops
     from flashtile.kernels.tiles import num_sms
     nheads, nheads_k = heads
-    batch, capacity = (32, 8192) if nheads_k == 8 else (128, 4096)
+    batch, capacity = (32, 16384) if nheads_k == 8 else (128, 4096)  # the configs from 16k keys and under
     seen = _hopper_launches(monkeypatch)
     lengths = [0, 1, capacity, 63, 64, 65, 127] + torch.randint(1, capacity, (batch - 7,)).tolist()
     new = int(append)
