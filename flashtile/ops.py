@@ -241,19 +241,24 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if want_lse else None
+    adjacent = _heads_adjacent(k_cache, v_cache)
     if config is None and num_splits <= 1:
         hopper = _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
-                                       window_size, programs, capacity, sms)
+                                       window_size, adjacent, programs, capacity, sms)
         if hopper is not None:
-            return _decode_hopper(q, k_cache, v_cache, cache_seqlens, softmax_scale, hopper, want_lse, seqlen_new)
+            from .kernels.decode_hopper import launch_decode_hopper
+            launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, hopper, seqlen_new)
+            return out, lse
     if config is None and not interpreter_enabled():
         nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
         rows = nheads // nheads_k * seqlen_q
         if block_table is not None:
             tma = reads_by_tma(k_cache, v_cache)
-            config = configs.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma,
-                                                 tma and _heads_adjacent(k_cache, v_cache), programs, capacity, sms)
-        elif _heads_adjacent(k_cache, v_cache):  # cheapest test first: this runs on every decode step
+            config = configs.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma, tma and adjacent,
+                                                 programs, capacity, sms)
+        elif adjacent:  # cheapest test first: this runs on every decode step
             heads = configs.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
             config = heads if heads and reads_by_tma(k_cache, v_cache) else None
     programs //= config.heads if config else 1
@@ -265,8 +270,6 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
         config = configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), waves, per_split)
     chunk = cdiv(per_split, config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
-    out = torch.empty_like(q)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if want_lse else None
     scratch = None
     if num_splits > 1:
         scratch = _scratch(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q),
@@ -278,27 +281,19 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
 
 
 def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes, window_size,
-                          programs, capacity, sms):
+                          heads_adjacent, programs, capacity, sms):
     """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
-    head-major cache (a key-major one goes to the portable kernel, configs.DECODE_HOPPER), no option that masks or
-    biases scores (a causal mask over one new token masks nothing), else None."""
-    if (_arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None or batch_idx is not None
-            or leftpad is not None or softcap or alibi_slopes is not None or window_size[0] >= 0
-            or (window_size[1] >= 0 and q.shape[1] > 1) or _heads_adjacent(k_cache, v_cache)):
+    head-major cache (a key-major one, ``heads_adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no option
+    that masks or biases scores (a causal mask over one new token masks nothing), else None."""
+    if (heads_adjacent or _arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
+            or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None
+            or window_size[0] >= 0 or (window_size[1] >= 0 and q.shape[1] > 1)):
         return None
     config = configs.decode_hopper_config(q.shape[-1], programs, capacity, sms)
     if config is None:
         return None
     from .kernels import decode_hopper
-    return config if decode_hopper.supports(q, k_cache, v_cache, q.shape[1], q.shape[2] // k_cache.shape[2]) else None
-
-
-def _decode_hopper(q, k_cache, v_cache, cache_seqlens, softmax_scale, config, want_lse, seqlen_new):
-    from .kernels.decode_hopper import launch_decode_hopper
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if want_lse else None
-    launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, config, seqlen_new)
-    return out, lse
+    return config if decode_hopper.supports(q, k_cache, v_cache) else None
 
 
 def _heads_adjacent(k_cache, v_cache):

@@ -83,7 +83,7 @@ def main():
             fns = {"flashtile": fns["flashtile"], "cuDNN": fns["cuDNN"], "portable": portable(fns["flashtile"])}
             q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
             kc, vc = cache(batch, seqlen, layout), cache(batch, seqlen, layout)
-            assert supports(q, kc, vc, 1, 4)
+            assert supports(q, kc, vc)
             seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
             for c in configs:
                 err_o, err_l = check(q, kc, vc, seqlens, c)

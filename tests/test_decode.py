@@ -426,7 +426,8 @@ def test_warp_specialized_dispatch(monkeypatch):
     plain = dict(batch_idx=None, block_table=None, leftpad=None, softcap=0.0, alibi_slopes=None, window_size=(-1, -1))
 
     def config(q=q, cache=cache, programs=256, **options):
-        return ops._decode_hopper_config(q, cache, cache, **{**plain, **options}, programs=programs,
+        return ops._decode_hopper_config(q, cache, cache, **{**plain, **options},
+                                         heads_adjacent=ops._heads_adjacent(cache, cache), programs=programs,
                                          capacity=cache.shape[1], sms=132)
     assert config() == configs.DECODE_HOPPER[128]
     assert config(window_size=(-1, 0)) == configs.DECODE_HOPPER[128]  # causal over one new token masks nothing

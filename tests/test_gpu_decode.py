@@ -18,6 +18,22 @@ def _kvcache_call(q, k_cache, v_cache, page_size, **kwargs):
                                              **kwargs)
 
 
+def _arch_sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+def _decode_launches(monkeypatch):
+    """The configs of every launch of the warp-specialized decode kernel, and of the portable one, from here on."""
+    from flashtile import ops
+    from flashtile.kernels import decode_hopper
+    seen = {"hopper": [], "portable": []}
+    launch, launch_hopper = ops.launch_decode, decode_hopper.launch_decode_hopper
+    monkeypatch.setattr(ops, "launch_decode", lambda *a, **kw: (seen["portable"].append(a[12]), launch(*a, **kw)))
+    monkeypatch.setattr(decode_hopper, "launch_decode_hopper",
+                        lambda *a, **kw: (seen["hopper"].append(a[7]), launch_hopper(*a, **kw)))
+    return seen
+
+
 @pytest.mark.parametrize("page_size", [0, 16, 256], ids=["contiguous", "page16", "page256"])
 @pytest.mark.parametrize("new_tokens", [1, 5], ids=["decode", "spec5"])
 def test_decode_real_sizes(page_size, new_tokens):
@@ -42,10 +58,7 @@ def test_decode_paged_tiles(page_size, batch, monkeypatch):
     """Each page size's tiles (configs.decode_paged_config: pages under 64 keys as boxes of four KV heads or by
     pointers, longer ones as one head's boxes of 64 or 128 keys, each inside a page), at ragged lengths with inf in
     every slot past a sequence's end; two new tokens, causal, a window of 3000 keys."""
-    from flashtile import ops
-    configs_seen = []
-    launch = ops.launch_decode
-    monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
+    configs_seen = _decode_launches(monkeypatch)["portable"]
     capacity = 8192
     lengths = ([2, 3, capacity, 4095, 4096, 4097] + torch.randint(2, capacity, (max(batch - 6, 0),)).tolist())[:batch]
     q = randn(batch, 2, 32, 128, dtype=torch.bfloat16)
@@ -82,13 +95,8 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
     on sm90; two new tokens, causal, the portable one, which reads that layout one head a program, as it reads
     flash-attn's key-major cache four KV heads a program (configs.decode_heads_config), whatever the new tokens; all
     right at ragged lengths (0, 1, around the split edge, full)."""
-    from flashtile import ops
-    from flashtile.kernels import decode_hopper
-    configs_seen, hopper_seen = [], []
-    launch, launch_hopper = ops.launch_decode, decode_hopper.launch_decode_hopper
-    monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
-    monkeypatch.setattr(decode_hopper, "launch_decode_hopper",
-                        lambda *args, **kw: (hopper_seen.append(args[7]), launch_hopper(*args, **kw)))
+    seen = _decode_launches(monkeypatch)
+    configs_seen, hopper_seen = seen["portable"], seen["hopper"]
     batch, capacity = 32, 32768
     lengths = [0, 1, capacity, 16383, 16384, 16385] + torch.randint(1, capacity, (batch - 6,)).tolist()
     q = randn(batch, new_tokens, 32, 128, dtype=torch.bfloat16)
@@ -105,22 +113,6 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
     assert_attention_close(out, ref, base)
 
 
-def _arch_sm90():
-    return torch.cuda.get_device_capability() == (9, 0)
-
-
-def _hopper_launches(monkeypatch):
-    """The configs of every launch of the warp-specialized decode kernel, and of the portable one, from here on."""
-    from flashtile import ops
-    from flashtile.kernels import decode_hopper
-    seen = {"hopper": [], "portable": []}
-    launch, launch_hopper = ops.launch_decode, decode_hopper.launch_decode_hopper
-    monkeypatch.setattr(ops, "launch_decode", lambda *a, **kw: (seen["portable"].append(a[12]), launch(*a, **kw)))
-    monkeypatch.setattr(decode_hopper, "launch_decode_hopper",
-                        lambda *a, **kw: (seen["hopper"].append(a[7]), launch_hopper(*a, **kw)))
-    return seen
-
-
 @pytest.mark.parametrize("append", [False, True], ids=["cached", "append1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["key-major", "head-major"])
@@ -135,7 +127,7 @@ def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
     from flashtile.kernels.tiles import num_sms
     nheads, nheads_k = heads
     batch, capacity = (32, 16384) if nheads_k == 8 else (128, 4096)  # the configs from 16k keys and under
-    seen = _hopper_launches(monkeypatch)
+    seen = _decode_launches(monkeypatch)
     lengths = [0, 1, capacity, 63, 64, 65, 127] + torch.randint(1, capacity, (batch - 7,)).tolist()
     new = int(append)
     lengths = [max(n, new) for n in lengths]
@@ -164,7 +156,7 @@ def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
 def test_decode_warp_specialized_under_cuda_graph(monkeypatch):
     """The warp-specialized kernel (a head-major cache) captured in a CUDA graph reads the q and lengths of each
     replay."""
-    seen = _hopper_launches(monkeypatch)
+    seen = _decode_launches(monkeypatch)
     q = randn(32, 1, 32, 128, dtype=torch.bfloat16)
     k_cache, v_cache = (randn(32, 8, 4096, 128, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
     seqlens = torch.randint(1, 4097, (32,), dtype=torch.int32, device=DEVICE)
@@ -183,11 +175,9 @@ def test_decode_warp_specialized_under_cuda_graph(monkeypatch):
 def test_decode_in_three_waves(monkeypatch):
     """B=40: 320 (batch, KV head) programs, which at two an SM would end on a tail of 56 after one full wave, run one an
     SM (configs.decode_waves; 3 stages on a 132-SM H200), right at ragged lengths."""
-    from flashtile import configs, ops
+    from flashtile import configs
     from flashtile.kernels.tiles import num_sms
-    configs_seen = []
-    launch = ops.launch_decode
-    monkeypatch.setattr(ops, "launch_decode", lambda *args, **kw: (configs_seen.append(args[12]), launch(*args, **kw)))
+    configs_seen = _decode_launches(monkeypatch)["portable"]
     batch, capacity = 40, 4096
     lengths = [0, 1, capacity, 127, 128, 129] + torch.randint(1, capacity, (batch - 6,)).tolist()
     q = randn(batch, 1, 32, 128, dtype=torch.bfloat16)

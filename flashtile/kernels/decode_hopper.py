@@ -189,12 +189,12 @@ def flash_decode_hopper_kernel(k_desc, v_desc, Q, Out, LSE, cache_seqlens, strid
     ], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
 
 
-def supports(q, k_cache, v_cache, seqlen_q, group):
+def supports(q, k_cache, v_cache):
     """Whether this kernel covers the call: triton 3.6, bf16/fp16, D=128 (the head dim it is compiled and measured for),
     a contiguous cache in a layout a 2-D view reads (key-major or head-major), 16-byte aligned, at most 16 packed query
-    rows."""
+    rows (query heads a KV head times new tokens)."""
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] == 128
-            and group * seqlen_q <= 16
+            and q.shape[2] // k_cache.shape[2] * q.shape[1] <= 16
             and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (k_cache, v_cache))
             and _layout(k_cache, False) == _layout(v_cache, False))
 
