@@ -29,9 +29,12 @@ def assert_grads_close(ours, ref, baseline):
 
 
 def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal=False, window_size=(-1, -1),
-          deterministic=False, scale=1.0):
+          deterministic=False, scale=1.0, inputs=None):
+    """``inputs(q, k)`` reshapes the normal draws of q and k (a distribution of scores to test)."""
     q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype, scale=scale)
     k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    if inputs is not None:
+        q, k = inputs(q, k)
     v = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
     dout = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
     with poisoned_outputs():
@@ -50,6 +53,8 @@ def _cases():
             yield pytest.param(seqlens, head_dim, torch.float16, id=f"q{seqlens[0]}k{seqlens[1]}-d{head_dim}-fp16")
     for seqlens in [(17, 17), (113, 203)]:
         yield pytest.param(seqlens, 64, torch.float32, id=f"q{seqlens[0]}k{seqlens[1]}-d64-fp32")
+        for head_dim in (59, 111):  # padded to 64 and 112 (ops.flash_attention)
+            yield pytest.param(seqlens, head_dim, torch.float16, id=f"q{seqlens[0]}k{seqlens[1]}-d{head_dim}-fp16")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -78,6 +83,44 @@ def test_large_logits_gradients():
     check(1, 100, 100, 2, 2, 64, torch.float16, causal=True, scale=30.0)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_keys_past_the_end_give_no_nan_in_dq(deterministic):
+    """The padding of a K/V tile past seqlen_k scores 0, far above an LSE of -12: in fp16 its dS overflows,
+    and inf times the zero rows of K made dQ NaN (flash-attn's bwd_overflow tests). The exact dQ is 0."""
+    q = torch.ones(1, 1, 1, 16, dtype=torch.float16, device=DEVICE)
+    k = torch.full((1, 1, 1, 16), -3.0, dtype=torch.float16, device=DEVICE)
+    v = torch.ones(1, 1, 1, 16, dtype=torch.float16, device=DEVICE)
+    _, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, deterministic=deterministic),
+                              (q, k, v), torch.ones_like(q))
+    assert torch.equal(dq, torch.zeros_like(dq)) and torch.equal(dk, torch.zeros_like(dk))
+    assert torch.equal(dv, torch.ones_like(dv))
+
+
+def negative_scores(q, k):
+    """q with positive entries, k with negative ones: every score is far below 0 (about -50 at D=32), so the
+    LSE is too, and the zero padding past seqlen_k would get P = e^50 in a tile that did not mask it."""
+    return q.abs() * 5, -k.abs() * 3
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (63, 70)], ids=lambda n: f"q{n[0]}k{n[1]}")
+def test_large_negative_scores_gradients(seqlens, causal, deterministic):
+    """flash-attn's test_flash_attn_bwd_overflow, made certain to overflow: lengths that leave the last K/V
+    tile ragged, scores of about -50."""
+    check(2, *seqlens, 3, 3, 32, torch.float16, causal, deterministic=deterministic, inputs=negative_scores)
+
+
+def test_large_negative_scores_varlen_gradients():
+    q, k, v, cu_q, cu_k = varlen_inputs([3, 17, 40], [5, 33, 40], 2, 1, 32, torch.float16)
+    q, k = negative_scores(q, k)
+    dout = randn(*q.shape, dtype=torch.float16)
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 40), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k)[0], (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_varlen_gradients(causal, deterministic):
@@ -90,6 +133,21 @@ def test_varlen_gradients(causal, deterministic):
                     dout.double())
     base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, causal), (q, k, v), dout)
     assert_grads_close(ours, ref, base)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_varlen_rows_past_the_last_sequence_get_zero_gradient(deterministic):
+    q, k, v, cu_q, cu_k = varlen_inputs([30, 7], [20, 50], 2, 2, 32, torch.float16)
+    q_pad = torch.cat([q, randn(19, 2, 32, dtype=torch.float16)])
+    dout = randn(*q_pad.shape, dtype=torch.float16)
+    with poisoned_outputs():
+        out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, 30, 50, deterministic=deterministic), (q_pad, k, v), dout)
+    assert torch.equal(out[37:], torch.zeros_like(out[37:])) and torch.equal(dq[37:], torch.zeros_like(dq[37:]))
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k)[0], (q, k, v),
+                    dout[:37].double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k), (q, k, v), dout[:37])
+    assert_grads_close((out[:37], dq[:37], dk, dv), ref, base)
 
 
 def _slopes(nheads, batch=None):
@@ -140,6 +198,17 @@ def test_softcap_alibi_varlen():
         assert err <= 2 * (base.double() - ref).abs().max().item() + slack(ref, torch.float16)
 
 
+def test_returned_lse_carries_no_gradient():
+    """Its gradient is not propagated yet, so the LSE comes detached rather than silently dropping what flows into
+    it (out still takes its gradient)."""
+    q, k, v = (randn(1, 20, 2, 32, dtype=torch.float16).requires_grad_() for _ in range(3))
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+    cu = torch.tensor([0, 20], dtype=torch.int32, device=DEVICE)
+    out, lse, _ = flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 20, 20, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
 def test_deterministic_flag_is_bitwise_reproducible():
     args = (1, 200, 200, 4, 2, 64, torch.float16)
     q, k, v, dout = (randn(1, 200, h, 64, dtype=torch.float16) for h in (4, 2, 2, 4))
@@ -177,7 +246,7 @@ class Block(torch.nn.Module):
 
 def test_torch_compile_fullgraph_no_graph_break():
     torch.manual_seed(0)
-    model = Block().to(torch.float16)
+    model = Block().to(DEVICE, torch.float16)
     x = randn(2, 40, 64, dtype=torch.float16)
     eager_out = model(x)
     eager_out.float().square().sum().backward()

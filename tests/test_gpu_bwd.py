@@ -6,7 +6,8 @@ import torch.nn.functional as F
 import flashtile
 from flashtile import configs, reference
 from helpers import DTYPE_IDS, randn, torch_attention, torch_attention_varlen, varlen_inputs
-from test_bwd import Block, _slopes, assert_grads_close, gradients
+import test_bwd
+from test_bwd import Block, _slopes, assert_grads_close, gradients, negative_scores
 
 pytestmark = pytest.mark.gpu
 
@@ -52,6 +53,19 @@ def test_portable_backward_where_the_sm90_kernel_runs_by_default(monkeypatch, ca
 @pytest.mark.parametrize("head_dim", [40, 96, 128], ids=lambda d: f"d{d}")
 def test_ragged_gqa_gradients(head_dim, deterministic):
     check(2, 1000, 3001, 8, 2, head_dim, torch.bfloat16, True, deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 64), (17, 64), (1000, 64), (1000, 128), (2049, 128), (300, 256)],
+                         ids=lambda s: f"n{s[0]}-d{s[1]}")
+def test_large_negative_scores_gradients(shape, dtype, deterministic):
+    """Scores of about -50 (negative_scores) with a ragged last K/V tile, on every backward the GPU picks: the
+    portable one (dQ by bulk reduce-add at D=64, Q-tile programs at D=128 under 2k keys) and the sm90 Gluon kernels
+    (D=128 from 2k keys)."""
+    seqlen, head_dim = shape
+    test_bwd.check(2, seqlen, seqlen, 3, 3, head_dim, dtype, False, deterministic=deterministic,
+                   inputs=negative_scores)
 
 
 def test_window_gradients():

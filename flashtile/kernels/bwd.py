@@ -44,11 +44,13 @@ def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stri
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h, lo, hi, offs_n,
-                seqlen_q, diag, left, right, qk_scale, softmax_scale, softcap_scale, slope, MASKED: tl.constexpr,
-                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                seqlen_q, seqlen_k, diag, left, right, qk_scale, softmax_scale, softcap_scale, slope,
+                MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IS_VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr,
                 SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Rows own keys, columns are queries: the band is seen from the key side (diag, left, right swapped)."""
+    """Rows own keys, columns are queries: the band is seen from the key side (diag, left, right swapped).
+    Where dS·K goes to dQ here (DQ_ATOMIC), masked tiles also give the keys past seqlen_k (the tile's zero padding)
+    P = 0: their score 0 may exceed the LSE by more than a 16-bit dS holds, and inf · 0 would reach dQ as NaN."""
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     for start_m in tl.range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -63,6 +65,8 @@ def _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, strid
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
         if MASKED:
             ok = band_mask(offs_n, offs_m, seqlen_q, diag, left, right, MASK_LEFT, MASK_RIGHT)
+            if DQ_ATOMIC != "none":
+                ok &= (offs_n < seqlen_k)[:, None]
             p_t = tl.where(ok, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # [BLOCK_N, HEAD_DIM]
         dp_t = tl.dot(v, do.T, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -113,6 +117,9 @@ def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seql
         diag = -(seqlen_k - seqlen_q) if BOTTOM_RIGHT else 0
         lo, full_lo, full_hi, hi = band_tiles(start_n, seqlen_q, diag, right, left, BLOCK_N, BLOCK_M,
                                               MASK_RIGHT, MASK_LEFT)
+        if DQ_ATOMIC != "none" and start_n + BLOCK_N > seqlen_k:  # a ragged last tile: every Q tile masked
+            full_lo = lo
+            full_hi = lo
         for g in range(group):
             h = h_k * group + g
             if IS_VARLEN:
@@ -132,17 +139,17 @@ def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seql
             else:
                 dq_acc = dQacc + b.to(tl.int64) * stride_dqb + q_start * stride_dqn + h.to(tl.int64) * stride_dqh
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
-                                 lo, full_lo, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale,
-                                 softcap_scale, slope, True, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
-                                 IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                 lo, full_lo, offs_n, seqlen_q, seqlen_k, diag, right, left, qk_scale,
+                                 softmax_scale, softcap_scale, slope, True, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM,
+                                 HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
-                                 full_lo, full_hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale,
-                                 softcap_scale, slope, False, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
-                                 IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                 full_lo, full_hi, offs_n, seqlen_q, seqlen_k, diag, right, left, qk_scale,
+                                 softmax_scale, softcap_scale, slope, False, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM,
+                                 HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, dq_acc, stride_dqn, b, h,
-                                 full_hi, hi, offs_n, seqlen_q, diag, right, left, qk_scale, softmax_scale,
-                                 softcap_scale, slope, True, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
-                                 IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                 full_hi, hi, offs_n, seqlen_q, seqlen_k, diag, right, left, qk_scale,
+                                 softmax_scale, softcap_scale, slope, True, MASK_RIGHT, MASK_LEFT, BLOCK_M, HEAD_DIM,
+                                 HEAD_DIM_PAD, IS_VARLEN, DQ_ATOMIC, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         store_tile(dk_desc, b, start_n, h_k, (dk * softmax_scale).to(k.dtype), IS_VARLEN)
         store_tile(dv_desc, b, start_n, h_k, dv.to(v.dtype), IS_VARLEN)
 

@@ -1,0 +1,68 @@
+"""The portable backward (kernels/bwd.py) against another version of that file, in one process, taking turns.
+
+    python3 scripts/bwd_ab.py --old path/to/old/bwd.py [--rounds 5]
+
+The old file is loaded as a module of flashtile.kernels (its relative imports resolve there), so only bwd.py may
+differ. Each shape times both launch_bwd's with the shipped tile config (configs.bwd_config), rounds turns each,
+do_bench medians; prints a markdown table, the median over turns of old / new per shape, and checks dQ, dK, dV of
+the two agree.
+"""
+import argparse
+import importlib.util
+import sys
+
+import torch
+import triton
+
+from flashtile import configs, ops
+from flashtile.kernels import bwd as new_bwd
+from flashtile.kernels.tiles import head_dim_pad
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def load_old(path):
+    spec = importlib.util.spec_from_file_location("flashtile.kernels._bwd_old", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--old", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shapes", nargs="+", default=["64:1024", "64:4096", "64:16384", "128:1024"],
+                        help="head_dim:seqlen")
+    args = parser.parse_args()
+    old_bwd = load_old(args.old)
+    print("| D | causal | N | new ms | old ms | old / new (median of turns) |\n|---|---|---|---|---|---|")
+    for shape in args.shapes:
+        d, n = map(int, shape.split(":"))
+        for causal in (False, True):
+            b, h = TOKENS // n, HIDDEN // d
+            q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            window = (-1, 0) if causal else (-1, -1)
+            out, lse = ops.attention_forward(q, k, v, d ** -0.5, window, True)
+            cfg = configs.bwd_config(head_dim_pad(d), causal, 2, (9, 0), False)
+            grads = {name: [torch.empty_like(t) for t in (q, k, v)] for name in ("new", "old")}
+
+            def run(module, name):
+                return lambda: module.launch_bwd(dout, q, k, v, out, lse, *grads[name], None, None, None, None,
+                                                 d ** -0.5, window, True, False, cfg)
+            runs = {"new": run(new_bwd, "new"), "old": run(old_bwd, "old")}
+            times = {"new": [], "old": []}
+            for turn in range(args.rounds):
+                for name in (("new", "old") if turn % 2 == 0 else ("old", "new")):
+                    times[name].append(triton.testing.do_bench(runs[name], warmup=25, rep=100,
+                                                               return_mode="median"))
+            for a, b_ in zip(grads["new"], grads["old"]):
+                assert (a.float() - b_.float()).abs().max().item() <= 1e-2 * b_.float().abs().max().item() + 1e-3
+            ratios = sorted(o / w for o, w in zip(times["old"], times["new"]))
+            print(f"| {d} | {causal} | {n} | {min(times['new']):.3f} | {min(times['old']):.3f} | "
+                  f"{ratios[len(ratios) // 2]:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
