@@ -12,6 +12,7 @@ _PUBLIC = {
     "combine": "api",
     "set_value_checks": "checks",
 }
+_MODULES = ("reference", "lessons", "trace", "viz")  # reachable as flashtile.reference etc.
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"
 
@@ -19,10 +20,13 @@ __version__ = "0.1.0"
 def __getattr__(name):
     if name in _PUBLIC:
         value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
-        globals()[name] = value  # later lookups skip this function (about 10 µs per call)
-        return value
-    raise AttributeError(f"module 'flashtile' has no attribute {name!r}")
+    elif name in _MODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'flashtile' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function (about 10 µs per call)
+    return value
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__)
+    return sorted(set(globals()) | set(__all__) | set(_MODULES))

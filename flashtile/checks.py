@@ -17,7 +17,7 @@ def set_value_checks(enabled):
     skipped). Also FLASHTILE_VALUE_CHECKS=0."""
     global _value_checks
     _value_checks = bool(enabled)
-MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
+MAX_HEAD_DIM = 256  # flash-attn's limit; a head dim that is not a multiple of 8 is padded with zeros (ops)
 
 
 def interpreter_enabled():
@@ -27,6 +27,20 @@ def interpreter_enabled():
 def _tensor(name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def host_int(name, value):
+    """An int argument that flash-attn also takes as a 0-d integer tensor (``cu_seqlens.diff().max()``, an entry of
+    ``window_size``); a tensor on the GPU is read back to the host, one sync, as flash-attn does."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dim() > 1 or value.dtype.is_floating_point or value.dtype.is_complex \
+                or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be an int or a 0-d integer tensor, got a {value.dtype} tensor of shape "
+                            f"{tuple(value.shape)}")
+        return int(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
 
 
 def softcap(value):
@@ -52,6 +66,11 @@ def alibi_slopes(slopes, batch, nheads, device):
         raise ValueError(f"alibi_slopes is on {slopes.device}, q on {device}")
 
 
+_INSTEAD = {"attn_mask": "is_causal=True gives a causal mask, and flash_attn_varlen_func packs sequences of "
+                         "different lengths without padding",
+            "dropout_p": "dropout_p=0.0"}
+
+
 def not_implemented(**options):
     """Options flashtile does not implement yet must keep their neutral value."""
     neutral = {"dropout_p": 0.0, "attn_mask": None}
@@ -59,7 +78,10 @@ def not_implemented(**options):
         if value is None and neutral[name] is None:
             continue
         if neutral[name] is None or value != neutral[name]:
-            raise NotImplementedError(f"{name}={value!r} is not supported by flashtile yet")
+            shown = (f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                     else repr(value))
+            raise NotImplementedError(f"{name} is not supported by flashtile yet (got {shown}); instead: "
+                                      f"{_INSTEAD[name]}")
 
 
 def _signature(*values):
@@ -83,6 +105,14 @@ def qkv(q, k, v, packed, names=("q", "k", "v")):
     _QKV_PASSED.add(key)
 
 
+def _interpreter_loaded_late():
+    """TRITON_INTERPRET=1 takes effect only if set before triton is first imported: triton's own helpers are made
+    then. True where our flag says interpreter but triton's helpers were built for the GPU, or the other way."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.standard.cdiv, InterpretedFunction) != interpreter_enabled()
+
+
 def _qkv(q, k, v, packed, names):
     rank = 3 if packed else 4
     layout = "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)"
@@ -99,8 +129,12 @@ def _qkv(q, k, v, packed, names):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but {q_name} is on {q.device}; they must share a device")
     if q.device.type != "cuda" and not interpreter_enabled():
+        late = " (it was set only after flashtile loaded)" if os.environ.get("TRITON_INTERPRET") == "1" else ""
         raise ValueError(f"q is on {q.device}: flashtile needs a CUDA device (or TRITON_INTERPRET=1 for the "
-                         "Triton interpreter on the CPU)")
+                         f"Triton interpreter on the CPU, set before triton is imported{late})")
+    if interpreter_enabled() and _interpreter_loaded_late():
+        raise RuntimeError("TRITON_INTERPRET=1 was set after triton was imported, so its kernels cannot run under "
+                           "the interpreter: set it before the first import of triton (or of torch._inductor)")
     if not packed and not (q.shape[0] == k.shape[0] == v.shape[0]):
         raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[:-1] != v.shape[:-1]:
@@ -109,9 +143,8 @@ def _qkv(q, k, v, packed, names):
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
         raise ValueError(f"head dims differ: {q_name} {head_dim}, {k_name} {k.shape[-1]}, {v_name} {v.shape[-1]}")
-    if not (MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0):
-        raise ValueError(f"{q_name} has head dim {head_dim}; flashtile supports multiples of 8 from "
-                         f"{MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"{q_name} has head dim {head_dim}; flashtile supports 1 to {MAX_HEAD_DIM}")
     nheads, nheads_k = q.shape[-2], k.shape[-2]
     if nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"{q_name} has {nheads} heads, not a multiple of {k_name}'s {nheads_k} (GQA/MQA needs one)")
@@ -131,16 +164,22 @@ def window(window_size, causal):
     """flash-attn's (left, right) window, -1 for unbounded; causal caps right at 0."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if type(window_size) is tuple and window_size == (-1, -1):
+        return (-1, 0 if causal else -1)
+    if isinstance(window_size, torch.Tensor):  # flash-attn's tests pass torch.randint(0, n, (2,))
+        if window_size.shape != (2,):
+            raise TypeError(f"window_size must be a pair (left, right), got a tensor of shape "
+                            f"{tuple(window_size.shape)}")
+        window_size = tuple(window_size.unbind())
     try:
         left, right = window_size
     except (TypeError, ValueError):
         raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    left, right = host_int("window_size left", left), host_int("window_size right", right)
     for side, w in (("left", left), ("right", right)):
-        if type(w) is not int and (isinstance(w, bool) or not isinstance(w, numbers.Integral)):
-            raise TypeError(f"window_size {side} must be an int, got {w!r}")
         if w < -1:
             raise ValueError(f"window_size {side} must be >= -1 (-1: unbounded), got {w}")
-    return (int(left), 0 if causal else int(right))
+    return (left, 0 if causal else right)
 
 
 def _host_checks_allowed(t):
@@ -152,7 +191,8 @@ def _host_checks_allowed(t):
 
 
 def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
-    """int32 offsets [batch + 1]: start at 0, never decrease, end within the packed tensor."""
+    """int32 offsets [batch + 1]: start at 0, never decrease, end within the packed tensor. Returns max_seqlen as
+    an int (flash-attn also takes it as a 0-d tensor)."""
     _tensor(name, cu)
     if cu.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {cu.dtype}")
@@ -160,10 +200,11 @@ def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
         raise ValueError(f"{name} must be a 1-D tensor of batch + 1 offsets, got shape {tuple(cu.shape)}")
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but q is on {device}")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral) or max_seqlen < 0:
-        raise TypeError(f"{max_name} must be a non-negative int, got {max_seqlen!r}")
+    max_seqlen = host_int(max_name, max_seqlen)
+    if max_seqlen < 0:
+        raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _host_checks_allowed(cu):
-        return
+        return max_seqlen
     offsets = cu.tolist()
     if offsets[0] != 0:
         raise ValueError(f"{name} must start at 0, got {offsets[0]}")
@@ -174,6 +215,7 @@ def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
         raise ValueError(f"{name} ends at {offsets[-1]}, beyond the {total} packed tokens")
     if lengths and max(lengths) > max_seqlen:
         raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence ({max(lengths)})")
+    return max_seqlen
 
 
 def int32_vector(name, t, length, device):
@@ -255,6 +297,10 @@ def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:  # written in place and read as rows: no contiguous copy can stand in for it
             raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+    if k_cache.shape[2] == 0 or q.shape[2] % k_cache.shape[2] != 0:
+        raise ValueError(f"q has {q.shape[2]} heads, not a multiple of k_cache's {k_cache.shape[2]}: k_cache and "
+                         "v_cache are (batch_cache, seqlen_cache, nheads_k, headdim), as in flash-attn; a head-major "
+                         "(batch, nheads_k, seqlen, headdim) cache goes in as k_cache.transpose(1, 2)")
     # the cache's first dim (sequences or pages) need not be q's batch: check the rest against a stand-in
     qkv(q, k_cache[:1].expand(q.shape[0], *k_cache.shape[1:]), v_cache[:1].expand(q.shape[0], *v_cache.shape[1:]),
         packed=False, names=("q", "k_cache", "v_cache"))

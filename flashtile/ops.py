@@ -8,6 +8,7 @@ import functools
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from . import configs
@@ -18,6 +19,7 @@ from .kernels.fwd import launch_fwd
 from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
+from .kernels.unused_rows import launch_zero_unused_rows
 
 
 def _unit_last_stride(t):
@@ -82,7 +84,18 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         from .kernels.fwd_hopper import launch_fwd_hopper
         launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                           _is_causal(window_size), bottom_right, config)
-        return out, lse
+    else:
+        _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+                          bottom_right, config, softcap, alibi_slopes)
+    if packed:  # rows past the last sequence
+        launch_zero_unused_rows(out, cu_seqlens_q, lse)
+    return out, lse
+
+
+def _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+                      bottom_right, config, softcap, alibi_slopes):
+    """kernels/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not."""
+    packed = cu_seqlens_q is not None
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
     if packed:
         _ensure_allocator(q.device)
@@ -93,7 +106,6 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
                config, softcap, _unit_last_stride(alibi_slopes))
     if o is not out:
         out.copy_(o)
-    return out, lse
 
 
 def _hopper_config(q, k, v, window_size, seqlen_q=None):
@@ -138,6 +150,8 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, config, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))
+    if cu_seqlens_q is not None:  # query rows past the last sequence
+        launch_zero_unused_rows(dq, cu_seqlens_q)
     return dq, dk, dv
 
 
@@ -210,7 +224,15 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
                     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
                     alibi_slopes=None):
     """The differentiable attention every entry point calls: (out, lse). In eager mode with nothing to
-    differentiate it skips the op's dispatch (about 45 µs of Python per call) and runs the same kernel."""
+    differentiate it skips the op's dispatch (about 45 µs of Python per call) and runs the same kernel. A head dim
+    that is not a multiple of 8 is padded with zeros, as flash-attn does (the same scores; O's extra columns are 0
+    and are sliced off): a tensor descriptor needs 16-byte rows."""
+    head_dim = q.shape[-1]
+    if head_dim % 8:
+        q, k, v = (F.pad(t, (0, 8 - head_dim % 8)) for t in (q, k, v))
+        out, lse = flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic, heads_first_out,
+                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap, alibi_slopes)
+        return out[..., :head_dim], lse
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size[0],
             window_size[1], bottom_right, heads_first_out, deterministic, softcap, alibi_slopes)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -272,7 +294,7 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
     num_splits = cdiv(capacity, chunk)
     scratch = None
     if num_splits > 1:
-        scratch = _scratch(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q),
+        scratch = _scratch(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q, config),
                            partial_elements(num_splits, batch, seqlen_q, nheads, head_dim))
     launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
                   softmax_scale, window_size, config, scratch, leftpad, softcap, _unit_last_stride(alibi_slopes),

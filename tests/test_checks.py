@@ -37,7 +37,10 @@ BAD_BATCHED = {
     "head-dim-mismatch": (lambda q, k, v: call(q, k[..., :32], v[..., :32]), ValueError, "head dims differ"),
     "head-dim-too-big": (lambda q, k, v: call(*(torch.cat([t] * 5, -1) for t in (q, k, v))), ValueError,
                          "head dim 320"),
-    "head-dim-odd": (lambda q, k, v: call(q[..., :36], k[..., :36], v[..., :36]), ValueError, "multiples of 8"),
+    "window-float-tensor": (lambda q, k, v: call(q, k, v, window_size=torch.tensor([2.0, 1.0])), TypeError,
+                            "window_size left must be an int"),
+    "window-tensor-shape": (lambda q, k, v: call(q, k, v, window_size=torch.tensor([2, 1, 0])), TypeError,
+                            "window_size must be a pair"),
     "heads-not-multiple": (lambda q, k, v: call(q, k[:, :, :3], v[:, :, :3]), ValueError, "not a multiple"),
     "dropout": (lambda q, k, v: call(q, k, v, dropout_p=0.1), NotImplementedError, "dropout_p"),
     "softcap-negative": (lambda q, k, v: call(q, k, v, softcap=-30.0), ValueError, "softcap must be"),
@@ -104,6 +107,9 @@ BAD_VARLEN = {
     "max-too-small": (lambda q, k, v, cu, m: call_varlen(q, k, v, cu, cu, m - 1, m), ValueError,
                       "max_seqlen_q=6"),
     "max-type": (lambda q, k, v, cu, m: call_varlen(q, k, v, cu, cu, m, 7.0), TypeError, "max_seqlen_k"),
+    "max-float-tensor": (lambda q, k, v, cu, m: call_varlen(q, k, v, cu, cu, torch.tensor(7.0), m), TypeError,
+                         "max_seqlen_q must be an int or a 0-d integer tensor"),
+    "max-negative": (lambda q, k, v, cu, m: call_varlen(q, k, v, cu, cu, -1, m), ValueError, "max_seqlen_q must be"),
     "rank": (lambda q, k, v, cu, m: call_varlen(q[None], k, v, cu, cu, m, m), ValueError, "rank 3"),
     "dropout": (lambda q, k, v, cu, m: call_varlen(q, k, v, cu, cu, m, m, dropout_p=0.5), NotImplementedError,
                 "dropout_p"),
@@ -129,10 +135,13 @@ def test_sdpa_gqa_needs_enable_gqa():
 
 
 def test_sdpa_attn_mask_not_implemented():
+    """The message says what to use instead, and describes the mask rather than printing it."""
     q, k, v = sdpa_inputs()
-    with pytest.raises(NotImplementedError, match="attn_mask"):
+    with pytest.raises(NotImplementedError, match="attn_mask is not supported by flashtile yet") as error:
         flashtile.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool),
                                                enable_gqa=True)
+    message = str(error.value)
+    assert "shape (16, 16)" in message and "is_causal=True" in message and "True, True" not in message
 
 
 def test_sdpa_rank():
@@ -152,3 +161,20 @@ def test_value_checks_can_be_turned_off(monkeypatch):
         flashtile.set_value_checks(True)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)
+
+
+
+def test_interpreter_set_after_triton_loaded():
+    """TRITON_INTERPRET=1 set after triton was imported cannot take effect: one line says so, not the
+    interpreter's 66-line traceback."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os, torch, triton; os.environ['TRITON_INTERPRET'] = '1'; import flashtile; "
+            "q = torch.randn(1, 8, 1, 16, dtype=torch.float16); flashtile.flash_attn_func(q, q, q)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "RuntimeError: TRITON_INTERPRET=1 was set after triton was imported, so its kernels cannot run under the "
+        "interpreter: set it before the first import of triton (or of torch._inductor)")

@@ -30,8 +30,10 @@ def run_case(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causa
 def _awkward_cases():
     """Every short length with every head dim and dtype; 1023 only at fp16 d64/d256 (interpreter time)."""
     for seqlens in [(1, 1), (17, 17), (63, 63), (113, 203), (203, 113), (1023, 1023)]:
-        for head_dim in [40, 64, 96, 128, 256]:
+        for head_dim in [40, 59, 64, 96, 111, 128, 256]:
             for dtype in DTYPES:
+                if head_dim in (59, 111) and (dtype != torch.float16 or seqlens[0] == 1023):
+                    continue  # padded to 64 and 112 (ops.flash_attention): one dtype shows it
                 if seqlens[0] < 1000 or (head_dim in (64, 256) and dtype == torch.float16):
                     yield pytest.param(seqlens, head_dim, dtype,
                                        id=f"q{seqlens[0]}k{seqlens[1]}-d{head_dim}-{DTYPE_IDS[dtype]}")
@@ -123,13 +125,44 @@ def test_varlen(causal):
 
 
 def test_varlen_window_and_padding_tail():
-    """Packed tensors may hold more rows than cu_seqlens uses; those rows are left alone."""
+    """Packed tensors may hold more rows than cu_seqlens uses: those rows belong to no sequence, and get O = 0 and
+    LSE = -inf (never what memory held before)."""
     seqlens = [40, 100, 7]
     q, k, v, cu_q, cu_k = varlen_inputs(seqlens, seqlens, 2, 2, 32, torch.float16)
-    q_pad = torch.cat([q, randn(5, 2, 32, dtype=torch.float16)])
-    out = flashtile.flash_attn_varlen_func(q_pad, k, v, cu_q, cu_k, 100, 100, window_size=(10, 3))
+    q_pad = torch.cat([q, randn(21, 2, 32, dtype=torch.float16)])
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_varlen_func(q_pad, k, v, cu_q, cu_k, 100, 100, window_size=(10, 3),
+                                                       return_attn_probs=True)
     ref, _ = reference.attention_varlen(q, k, v, cu_q, cu_k, window_size=(10, 3))
     assert_attention_close(out[:147], ref, torch_attention_varlen(q, k, v, cu_q, cu_k, window_size=(10, 3)))
+    assert torch.equal(out[147:], torch.zeros_like(out[147:]))
+    assert (lse[:, 147:] == float("-inf")).all() and lse.shape == (2, 168)
+
+
+def test_arguments_as_flash_attn_passes_them():
+    """flash-attn takes window_size as an int64 tensor (its own tests) and max_seqlen as a 0-d tensor
+    (transformers: cu_seq_lens.diff().max()); the results equal those of plain ints."""
+    q, k, v, cu_q, cu_k = varlen_inputs([30, 50], [40, 20], 2, 1, 64, torch.float16)
+    plain = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 50, 40, causal=True, window_size=(7, 0))
+    tensors = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, cu_q.diff().max(), cu_k.diff().max(), causal=True,
+                                               window_size=torch.tensor([7, 3]))
+    assert torch.equal(plain, tensors)
+    q, k, v = (randn(1, 45, 2, 64, dtype=torch.float16) for _ in range(3))
+    window = torch.randint(0, 45, (2,))
+    left, right = window.tolist()
+    assert torch.equal(flashtile.flash_attn_func(q, k, v, window_size=window),
+                       flashtile.flash_attn_func(q, k, v, window_size=(left, right)))
+    assert torch.equal(flashtile.flash_attn_func(q, k, v, window_size=(window[0], window[1])),
+                       flashtile.flash_attn_func(q, k, v, window_size=(left, right)))
+
+
+def test_sdpa_head_dim_not_a_multiple_of_8():
+    q, k, v = (randn(2, 3, 33, 59, dtype=torch.float16) for _ in range(3))
+    out = flashtile.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    baseline = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.shape == q.shape
+    assert_attention_close(out, expected, baseline)
 
 
 def test_sdpa_matches_torch_semantics():

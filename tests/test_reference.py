@@ -45,3 +45,12 @@ def test_varlen_is_attention_per_sequence():
     one, one_lse = reference.attention(q[None, 3:], k[None, 3:], v[None, 3:], causal=True)
     torch.testing.assert_close(out[3:], one[0])
     torch.testing.assert_close(lse[:, 3:], one_lse[0])
+
+
+def test_reachable_as_an_attribute_of_the_package():
+    """`import flashtile` then `flashtile.reference.attention(...)`, as the README writes it, in a fresh process."""
+    import subprocess
+    import sys
+    code = "import flashtile; print(flashtile.reference.attention.__name__, 'reference' in dir(flashtile))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["attention", "True"], result.stderr[-2000:]
