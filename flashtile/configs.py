@@ -277,6 +277,7 @@ class DecodeConfig:
     num_stages: int
     key_groups: int = 1  # groups of block_n / key_groups keys per tile, each with its own softmax state
     heads: int = 1  # adjacent KV heads a program reads (block_n keys of each a tile), each with its own state
+    max_rows: int = 128  # query rows a program takes at most: more fail to compile or overflow shared memory (sm90)
 
 
 @dataclass(frozen=True)
@@ -338,8 +339,10 @@ def decode_hopper_config(head_dim, pairs, capacity, num_sms):
 # B=8, L=128k). One such program fills an SM's shared memory, so the best split count made about one wave of
 # programs: 16 splits at B=1, 2 at B=8 (B=8, L=4k: 37 µs against 44 at 8 splits), 1 at B=32 (L=4k).
 # D=32/64/256 unswept.
-DECODE_SM90 = {32: DecodeConfig(128, 4, 3), 64: DecodeConfig(128, 4, 3), 128: DecodeConfig(128, 4, 3),
-               256: DecodeConfig(64, 4, 3)}
+# max_rows: the most query rows (group x new tokens, a power of two) whose tile compiles for sm90 and fits its shared
+# memory, tests/test_compile_sm90.py; more rows take more row tiles a program grid (docs/perf.md, decode row tiles).
+DECODE_SM90 = {32: DecodeConfig(128, 4, 3, max_rows=32), 64: DecodeConfig(128, 4, 3, max_rows=32),
+               128: DecodeConfig(128, 4, 3), 256: DecodeConfig(64, 4, 3, max_rows=32)}
 # One split (batch x KV heads fill the SMs, so programs come in waves): 2 stages. B=32, L=4k: 3.94 against 3.89 TB/s for
 # 3 stages in `python -m flashtile.bench.decode --sweep` (docs/results/decode-sweep-v5-eager.md, eager, cuDNN 3.95 in
 # the same turns), 122 against 124 µs in decode-sweep-v4's CUDA graphs; a tie at L=32k and 128k. Not where
@@ -356,6 +359,7 @@ DECODE_SM90_WAVES = {128: DecodeConfig(128, 4, 2)}
 # (B=32, L=4k: 132.7-133.3 against 136.9-137.6 µs; B=1, L=4k: 16.7-16.8 against 18.6-18.7), the groups' merge at the
 # end costing more than their steps save.
 DECODE_KEY_GROUPS, DECODE_GROUPED_FROM = 4, 32768
+DECODE_GROUPED_MAX_ROWS = {32: 128, 64: 128, 128: 64, 256: 32}  # the groups' states take shared memory as rows grow
 DECODE_INTERPRETER = DecodeConfig(64, 4, 1, key_groups=2)  # two groups: the CPU tests run the groups' merge
 DECODE_MIN_CHUNK = 256  # keys per split at least
 DECODE_MAX_SPLITS = 16  # more splits only lengthen the merge (B=1, L=32k: 37 µs at 16, 46 µs at 64)
@@ -369,7 +373,7 @@ DECODE_MAX_SPLITS = 16  # more splits only lengthen the merge (B=1, L=32k: 37 µ
 # a loss: 955.0 / 947.2 / 943.0, 3736.0 / 3730.5 / 3724.1, 962.5 / 960.0 / 947.6. With 4k keys a program a loss
 # everywhere (B=8, L=32k 267.7 / 258.3 / 257.2), so from DECODE_HEADS_FROM keys a program on, with the programs
 # filling nine tenths of the SMs (one program an SM: 180 KB of rings).
-DECODE_HEADS_SM90 = {128: DecodeConfig(32, 4, 3, heads=4)}
+DECODE_HEADS_SM90 = {128: DecodeConfig(32, 4, 3, heads=4, max_rows=16)}
 DECODE_HEADS_FROM = 16384
 
 
@@ -411,11 +415,12 @@ def heads_programs(pairs, capacity, num_sms, heads):
 #   8 stages: 267.3 against 307.0, B=32, L=32k 977.2 against 1008.4. A loss with fewer keys (B=8, L=4k, 512 keys a
 #   program: 62.8 against 56.1 by pointers, calls 8 and 5; B=32, L=4k, 2k: 146.4 against 146.0, calls 8 and 11) or
 #   programs (B=1, 32 programs: L=32k 100.7 against 55.9, both in call 10).
-DECODE_PAGED_SM90 = {(128, 128): DecodeConfig(128, 4, 5), (128, 64): DecodeConfig(64, 4, 7),
+DECODE_PAGED_SM90 = {(128, 128): DecodeConfig(128, 4, 5), (128, 64): DecodeConfig(64, 4, 7, max_rows=32),
                      (128, 0): DecodeConfig(128, 4, 5)}
-DECODE_PAGED_SM90_WAVES = {(128, 128): DecodeConfig(128, 4, 3), (128, 64): DecodeConfig(64, 4, 7),
+DECODE_PAGED_SM90_WAVES = {(128, 128): DecodeConfig(128, 4, 3), (128, 64): DecodeConfig(64, 4, 7, max_rows=32),
                            (128, 0): DecodeConfig(64, 4, 5)}
-DECODE_PAGED_HEADS_SM90 = {(128, 32): DecodeConfig(32, 4, 5, heads=4), (128, 16): DecodeConfig(16, 4, 8, heads=4)}
+DECODE_PAGED_HEADS_SM90 = {(128, 32): DecodeConfig(32, 4, 5, heads=4, max_rows=16),
+                           (128, 16): DecodeConfig(16, 4, 8, heads=4, max_rows=16)}
 DECODE_PAGED_HEADS_FROM = 4096
 
 
@@ -455,15 +460,17 @@ def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
     if interpreter:
         return DECODE_INTERPRETER
     config = DECODE_SM90_WAVES.get(head_dim_pad, DECODE_SM90[head_dim_pad]) if waves else DECODE_SM90[head_dim_pad]
-    if chunk >= DECODE_GROUPED_FROM:
-        config = replace(config, key_groups=DECODE_KEY_GROUPS)
-    return config
+    return _grouped(head_dim_pad, config) if chunk >= DECODE_GROUPED_FROM else config
+
+
+def _grouped(head_dim_pad, config):
+    return replace(config, key_groups=DECODE_KEY_GROUPS, max_rows=DECODE_GROUPED_MAX_ROWS[head_dim_pad])
 
 
 def decode_configs_sm90():
     """Every (padded head dim, config) decode_config or decode_heads_config can pick on sm90."""
     plain = [*DECODE_SM90.items(), *DECODE_SM90_WAVES.items()]
-    return plain + [(pad, replace(c, key_groups=DECODE_KEY_GROUPS)) for pad, c in plain] + [*DECODE_HEADS_SM90.items()]
+    return plain + [(pad, _grouped(pad, c)) for pad, c in plain] + [*DECODE_HEADS_SM90.items()]
 
 
 def decode_paged_configs_sm90():

@@ -1,7 +1,7 @@
 """Compile the kernels for sm90 on a machine without a GPU (ptxas ships with triton) and report each
 tile config's shared memory and instruction mix. Used by tests/test_compile_sm90.py.
 
-    TRITON_INTERPRET=0 python scripts/compile_sm90.py
+    TRITON_INTERPRET=0 python scripts/compile_sm90.py [--decode]
 """
 import json
 import os
@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from flashtile import configs
-from flashtile.kernels.decode import flash_decode_split_kernel
+from flashtile.kernels.decode import flash_decode_split_kernel, merge_rows_per_step
 from flashtile.kernels.bwd import flash_bwd_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
@@ -87,22 +87,37 @@ def main():
                       MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
                       DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
         rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
-    decode = [(pad, cfg, paged, not paged) for pad, cfg in configs.decode_configs_sm90()
-              for paged in ((False, True) if cfg.heads == 1 else (False,))]
-    decode += [(pad, cfg, True, tile > 0) for pad, tile, cfg in configs.decode_paged_configs_sm90()]
-    for pad, cfg, paged, tma in decode:
-        consts = dict(GROUP=4, HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M=16, BLOCK_N=cfg.block_n, PAGED=paged,
-                      USE_TMA=tma, MASK_LEFT=False, MASK_RIGHT=False, SPLIT=True, BLOCK_S=16,
-                      MERGE_ROWS=4, HAS_BATCH_IDX=True, HAS_LEFTPAD=False, SOFTCAP=False,
-                      HAS_ALIBI=False, WRITE_LSE=False, DOT_PRECISION="tf32",
-                      KEY_GROUPS=cfg.key_groups, HEADS=cfg.heads)
-        tensors = dict(K=cfg.block_n, V=cfg.block_n) if tma else {}
-        kernel = compile_kernel(flash_decode_split_kernel, tensors, consts, cfg, False, heads=cfg.heads)
-        rows.append(dict(kernel, paged=paged))
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     for (head_dim, causal), top in configs.FWD_HOPPER.items() if GLUON_VERSION_OK else ():
         rows.extend(compile_hopper_fwd(head_dim, causal, cfg) for cfg in configs.hopper_fwd_chain(top))
     json.dump(rows, sys.stdout, indent=None)
+
+
+def decode_launches():
+    """Every split-KV decode launch the sm90 dispatch can pick (ops.kvcache_forward): (head dim, padded head dim,
+    config, paged, read by TMA, query rows a program). A config of the contiguous tables also serves paged caches
+    (pages that hold whole tiles as TMA boxes, else pointers) and caches no descriptor can address (a head dim that
+    is not a multiple of 8, read by pointers); a program takes 16 rows up to the config's max_rows, both ends
+    compiled (no case seen fails or overflows in between: the failures grow with the rows)."""
+    cases = [(pad, cfg, paged, tma) for pad, cfg in configs.decode_configs_sm90()
+             for paged, tma in (((False, True), (False, False), (True, True), (True, False)) if cfg.heads == 1
+                                else ((False, True), ))]
+    cases += [(pad, cfg, True, tile > 0) for pad, tile, cfg in configs.decode_paged_configs_sm90()]
+    return [(pad if tma else pad - 5, pad, cfg, paged, tma, rows) for pad, cfg, paged, tma in cases
+            for rows in sorted({16, cfg.max_rows})]
+
+
+def compile_decode(head_dim, pad, cfg, paged, tma, rows):
+    """One decode launch with every option on (causal, window, left padding, ALiBi, softcap, LSE, several splits),
+    in fp16; GQA 6 (a group that is not a power of two)."""
+    consts = dict(GROUP=6, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=rows, BLOCK_N=cfg.block_n, PAGED=paged,
+                  USE_TMA=tma, MASK_LEFT=True, MASK_RIGHT=True, SPLIT=True, BLOCK_S=16,
+                  MERGE_ROWS=merge_rows_per_step(16, pad), HAS_BATCH_IDX=not paged, HAS_LEFTPAD=True,
+                  SOFTCAP=True, HAS_ALIBI=True, WRITE_LSE=True, DOT_PRECISION="tf32", KEY_GROUPS=cfg.key_groups,
+                  HEADS=cfg.heads)
+    tensors = dict(K=cfg.block_n, V=cfg.block_n) if tma else {}
+    row = compile_kernel(flash_decode_split_kernel, tensors, consts, cfg, False, dtype="fp16", heads=cfg.heads)
+    return dict(row, head_dim=head_dim, paged=paged, tma=tma, rows=rows)
 
 
 def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
@@ -230,4 +245,7 @@ def _ptxas():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--decode"]:
+        json.dump([compile_decode(*launch) for launch in decode_launches()], sys.stdout, indent=None)
+    else:
+        main()

@@ -22,17 +22,14 @@ def test_forward_compiles_for_sm90():
     from flashtile import configs
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
-    assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel", "flash_decode_split_kernel"} | hopper
+    assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
-    decode = sum(2 if c.heads == 1 else 1 for _, c in configs.decode_configs_sm90())  # contiguous and paged; heads>1 not paged
-    decode += len(configs.decode_paged_configs_sm90())
     hopper_fwd = sum(len(list(configs.hopper_fwd_chain(c))) for c in configs.FWD_HOPPER.values())
-    assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER) + decode
+    assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER)
                          + hopper_fwd * len(hopper))
     assert sum(r.get("delta_here", False) for r in rows) == len(configs.BWD_HOPPER)  # the sm90 dQ programs
     for row in rows:
-        if row["kernel"] != "flash_decode_split_kernel":  # decode: 16-row dots and gathered pages
-            assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
+        assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
         assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
         # The Hopper kernel spills up to 120 bytes (ptxas -v: D=64 causal in three warpgroups 120 since frozen_max,
         # D=128 causal 8 and 36, D=256 causal 24), each measured faster anyway (docs/perf.md, forward v42); none of
@@ -47,6 +44,35 @@ def test_forward_compiles_for_sm90():
                 assert row["tma_stores"] == 2 and row["global_stores"]["v4"] == 0, row
                 # P·V takes P from registers; with q_regs Q·Kᵀ takes Q from registers too
                 assert row["wgmma_rs"] == (row["wgmma"] if row["q_regs"] else row["wgmma"] // 2), row
+
+
+def test_every_decode_launch_compiles_for_sm90():
+    """Every decode launch the dispatch can pick (compile_sm90.decode_launches: each config of every table, contiguous
+    and paged, by TMA and by pointers, 16 query rows up to its max_rows, every option on) compiles for sm90, fits its
+    shared memory and never spills. flash-attn's kvcache tests once picked tiles that did neither: 384 query rows a
+    head at D=64 (the compiler failed), 96 at D=256 with key groups (out of shared memory)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_sm90.py"), "--decode"], env=env,
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(result.stdout)
+    from flashtile import configs
+    assert len(rows) > 2 * (len(configs.decode_configs_sm90()) + len(configs.decode_paged_configs_sm90()))
+    assert {r["tma"] for r in rows} == {True, False} and {r["paged"] for r in rows} == {True, False}
+    for row in rows:
+        assert row["local"] == 0 and row["shared"] <= SM90_SHARED_LIMIT, row
+        assert row["tma_loads"] > 0 if row["tma"] else row["tma_loads"] == 0, row
+
+
+def test_decode_rows_a_program_stay_within_the_config():
+    """More query rows than a config's max_rows take more row tiles (one arrival counter each), never a larger tile."""
+    from flashtile import configs
+    from flashtile.kernels.decode import arrival_slots, block_rows
+    d64, d128 = configs.DECODE_SM90[64], configs.DECODE_SM90[128]
+    assert block_rows(6, 64, d64) == 32 and arrival_slots(2, 1, 6, 64, d64) == 2 * 12  # 384 rows in 12 tiles
+    assert block_rows(6, 64, d128) == 128 and block_rows(4, 1, d128) == 16 and block_rows(3, 5, d128) == 16
+    grouped = configs.decode_config(256, False, False, configs.DECODE_GROUPED_FROM)
+    assert grouped.key_groups == configs.DECODE_KEY_GROUPS and block_rows(6, 16, grouped) == 32
 
 
 def _compiled_rows(rows_expr):

@@ -109,13 +109,15 @@ def test_rotary_kernel(dims, interleaved, per_token):
     assert torch.equal(out[..., rotary_dim:], x[..., rotary_dim:])
 
 
+@pytest.mark.parametrize("head_dim", [64, 59], ids=["d64", "d59"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
 @pytest.mark.parametrize("paged_cache", [False, True], ids=["contiguous", "paged16"])
-def test_append_with_rotary(paged_cache, interleaved, causal):
+def test_append_with_rotary(paged_cache, interleaved, causal, head_dim):
     """New k turned at positions cache_seqlens + t before it is written; q at its own positions (causal) or all
-    at cache_seqlens (full), as flash-attn does; then attention over the updated cache."""
-    batch, capacity, nheads, nheads_k, head_dim, new = 3, 64, 8, 2, 64, 3
+    at cache_seqlens (full), as flash-attn does; then attention over the updated cache. Head dim 59 (not a multiple
+    of 8): rows the copy engine cannot address, read by pointers."""
+    batch, capacity, nheads, nheads_k, new = 3, 64, 8, 2, 3
     lengths = [0, 21, capacity - new]
     q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
     k_new, v_new = (randn(batch, new, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
@@ -143,6 +145,53 @@ def test_append_with_rotary(paged_cache, interleaved, causal):
     assert (k_after.double() - k_full.double()).abs().max().item() <= 2 * rounding + 1e-6
     ref, _, base = expected(q_rot.to(torch.float16), k_full, v_full, [n + new for n in lengths], causal=causal)
     assert_attention_close(out, ref, base)
+
+
+def many_rows_case(seqlen_q, capacity, head_dim, nheads, nheads_k, rotary_dim=0, local=False, alibi=False, new_kv=True,
+                   num_splits=0, dtype=torch.float16, seed=0):
+    """flash-attn's test_flash_attn_kvcache shape for shape: batch 2, left padding, causal, new tokens appended at
+    random cache_seqlens (turned by a rotary table of rotary_dim), optionally a random window and ALiBi slopes;
+    every output row against the float64 reference over the keys [pad, length) of its sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = 2
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    k_new, v_new = (randn(batch, seqlen_q, nheads_k, head_dim, dtype=dtype) for _ in range(2)) if new_kv else (None,
+                                                                                                              None)
+    k_cache, v_cache = (randn(batch, capacity, nheads_k, head_dim, dtype=dtype) for _ in range(2))
+    new = seqlen_q if new_kv else 0
+    lengths = torch.randint(0 if new_kv else 1, capacity - new + 1, (batch,), generator=gen)
+    pads = torch.stack([torch.randint(0, max(int(n), 1), (1,), generator=gen)[0] for n in lengths])
+    window = tuple(torch.randint(0, capacity, (2,), generator=gen).tolist()) if local else (-1, -1)
+    slopes = torch.rand(batch, nheads, generator=gen).to(DEVICE) * 0.3 if alibi else None
+    kwargs = dict(cache_seqlens=_i32(lengths.tolist()), cache_leftpad=_i32(pads.tolist()), causal=True,
+                  window_size=window, alibi_slopes=slopes, num_splits=num_splits)
+    k_full, v_full, q_rot = k_cache.clone(), v_cache.clone(), q
+    if new_kv:
+        k_rot = k_new
+        if rotary_dim:
+            cos, sin = _rotary_table(capacity, rotary_dim // 2)
+            positions = _i32(lengths.tolist())[:, None].long() + torch.arange(seqlen_q, device=DEVICE)
+            q_rot = reference.rotary(q, cos, sin, positions, False).to(dtype)
+            k_rot = reference.rotary(k_new, cos, sin, positions, False).to(dtype)
+            kwargs.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False)
+        for b, n in enumerate(lengths.tolist()):
+            k_full[b, n:n + new], v_full[b, n:n + new] = k_rot[b], v_new[b]
+    with poisoned_outputs():
+        out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+    for b, (n, pad) in enumerate(zip(lengths.tolist(), pads.tolist())):
+        args = (q_rot[b:b + 1], k_full[b:b + 1, pad:n + new], v_full[b:b + 1, pad:n + new])
+        mods = dict(causal=True, window_size=window, alibi_slopes=None if slopes is None else slopes[b])
+        ref, _ = reference.attention(*args, **mods)
+        base, _ = reference.attention(*args, upcast=False, **mods)
+        assert not out[b].isnan().any()
+        err = (out[b:b + 1].double() - ref).abs().max().item()
+        assert err <= 2 * (base.double() - ref).abs().max().item() + 1e-3, (b, err)
+
+
+def test_many_query_rows_a_kv_head():
+    """384 query rows a KV head (64 new tokens, MQA 6/1) take several row tiles; flash-attn's case of that shape once
+    picked a tile the sm90 compiler could not build (tests/test_compile_sm90.py holds every tile to it)."""
+    many_rows_case(64, 256, 64, 6, 1, rotary_dim=64)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1split", "3splits"])
@@ -348,14 +397,14 @@ def test_paged_dispatch():
     from flashtile import configs
     rule = functools.partial(configs.decode_paged_config, 128)
     b32_4k, b8_32k, b32_32k, b1_32k = (32 * 8, 4096, 132), (8 * 8, 32768, 132), (32 * 8, 32768, 132), (8, 32768, 132)
-    assert rule(16, 8, 4, True, True, *b32_32k) == configs.DecodeConfig(16, 4, 8, heads=4)
-    assert rule(32, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(32, 4, 5, heads=4)
+    assert rule(16, 8, 4, True, True, *b32_32k) == configs.DecodeConfig(16, 4, 8, heads=4, max_rows=16)
+    assert rule(32, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(32, 4, 5, heads=4, max_rows=16)
     assert rule(16, 8, 4, True, True, *b1_32k) == configs.DecodeConfig(128, 4, 5)  # 32 programs: pointers
     assert rule(16, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(64, 4, 5)  # 2k keys a program: pointers
     assert rule(256, 8, 4, True, True, *b32_32k).heads == 4  # 16k keys a program
     assert rule(256, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 4k keys a program
     assert rule(256, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(128, 4, 3)  # one wave
-    assert rule(64, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(64, 4, 7)
+    assert rule(64, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(64, 4, 7, max_rows=32)
     assert rule(16, 8, 4, True, False, *b32_32k) == configs.DecodeConfig(64, 4, 5)  # heads apart: pointers
     assert rule(16, 6, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 6 KV heads: pointers
     assert rule(16, 8, 20, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 20 query rows a head
@@ -395,7 +444,8 @@ def test_waves_dispatch():
     from flashtile import configs
     waves = [b for b in (8, 16, 17, 24, 32, 33, 34, 40, 48, 50, 64, 66, 80) if configs.decode_waves(b * 8, 132)]
     assert waves == [17, 24, 32, 33, 50, 64, 66]
-    assert configs.decode_config(128, False, True, 32768) == configs.DecodeConfig(128, 4, 2, key_groups=4)
+    assert configs.decode_config(128, False, True, 32768) == configs.DecodeConfig(128, 4, 2, key_groups=4,
+                                                                                   max_rows=64)
     assert configs.decode_config(128, False, False, 4096) == configs.DecodeConfig(128, 4, 3)
 
 
@@ -587,6 +637,9 @@ BAD = {
         "cache_leftpad must be int32"),
     "num-splits": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(q, kc, vc, num_splits=-1), ValueError,
                    "num_splits"),
+    "head-major-cache": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
+        q, kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()), ValueError,
+        r"\(batch_cache, seqlen_cache, nheads_k, headdim\), as in flash-attn; a head-major .* k_cache.transpose\(1, 2\)"),
     "combine-shape": (lambda q, kc, vc: flashtile.combine(q[None], torch.zeros(1, 2, 3, 1, device=DEVICE)),
                       ValueError, "lse_partials must be"),
 }

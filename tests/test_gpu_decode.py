@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn
-from test_decode import expected, paged
+from test_decode import expected, many_rows_case, paged
 
 pytestmark = pytest.mark.gpu
 
@@ -309,3 +309,14 @@ def test_decode_alibi_bf16():
         ref, _ = reference.attention(*args, alibi_slopes=slopes)
         base, _ = reference.attention(*args, alibi_slopes=slopes, upcast=False)
         assert_attention_close(out[b:b + 1], ref, base)
+
+
+@pytest.mark.parametrize("case", ["q64-k2048-d64-rotary", "q16-k128k-d256-local-alibi"])
+def test_flash_attn_kvcache_cases(case):
+    """flash-attn 2.8.3's test_flash_attn_kvcache cases that failed before every tile was held to the sm90 compiler:
+    64 new tokens at D=64, MQA 6/1, rotary, left padding (PassManager::run failed); 16 queries over a 128k cache at
+    D=256 with a window and ALiBi, one split (out of shared memory)."""
+    if case.startswith("q64"):
+        many_rows_case(64, 2048, 64, 6, 1, rotary_dim=64)
+    else:
+        many_rows_case(16, 131072, 256, 6, 1, local=True, alibi=True, new_kv=False, num_splits=1)

@@ -361,11 +361,11 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     left, right = window_size
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
-    block_m = _block_m(group, seqlen_q)
+    block_m = block_rows(group, seqlen_q, config)
     pad = max(16, next_pow2(head_dim))
     use_tma = reads_by_tma(k_cache, v_cache) and (not paged or page_size % config.block_n == 0)
     if config.heads > 1 and not (use_tma and nheads_k % config.heads == 0 and config.key_groups == 1
-                                 and block_m == 16):
+                                 and group * seqlen_q <= 16):
         raise ValueError(f"decode config {config}: several KV heads a program need a TMA-addressable cache (pages a "
                          f"multiple of block_n), KV heads they divide, one key group and at most 16 "
                          f"query rows a head; here {'read by TMA' if use_tma else 'read by pointers'}, "
@@ -407,12 +407,13 @@ def reads_by_tma(k_cache, v_cache):
     return tma_addressable(k_cache) and tma_addressable(v_cache)
 
 
-def _block_m(group, seqlen_q):
-    """Query rows per program: the group's heads times the new tokens, 16 to 128 (a tile of a dot)."""
-    return min(128, max(16, next_pow2(group * seqlen_q)))
+def block_rows(group, seqlen_q, config):
+    """Query rows per program: the group's heads times the new tokens, from 16 (a tile of a dot) to the config's
+    max_rows; more rows take more row tiles."""
+    return min(config.max_rows, max(16, next_pow2(group * seqlen_q)))
 
 
-def arrival_slots(batch, nheads_k, nheads, seqlen_q):
+def arrival_slots(batch, nheads_k, nheads, seqlen_q, config):
     """How many arrival counters launch_decode uses: one per (batch, KV head, tile of query rows)."""
     group = nheads // nheads_k
-    return batch * nheads_k * cdiv(group * seqlen_q, _block_m(group, seqlen_q))
+    return batch * nheads_k * cdiv(group * seqlen_q, block_rows(group, seqlen_q, config))
