@@ -15,6 +15,17 @@ def _use_interpreter_without_gpu():
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _positive_int(text):
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _median_ms(fn, repeats):
     times = []
     for _ in range(repeats):
@@ -76,6 +87,9 @@ def demo(args):
 def viz(args):
     from .trace import trace
     from .viz import playground, render
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        args.parser.error(f"-o {args.output}: the folder {folder} does not exist")
     if args.playground:
         html = playground()
     else:
@@ -106,30 +120,35 @@ def info(_args):
 
 
 def main(argv=None):
+    from . import __version__
     parser = argparse.ArgumentParser(prog="flashtile", description="exact attention in Triton")
+    parser.add_argument("--version", action="version", version=f"flashtile {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="run attention on one shape, check it, time it beside PyTorch SDPA")
-    p_demo.add_argument("--seqlen", type=int, default=None)
+    p_demo.add_argument("--seqlen", type=_positive_int, default=None,
+                        help="tokens per sequence (default 4096 on a GPU, 256 under the interpreter)")
     p_demo.add_argument("--no-causal", action="store_true")
-    sub.add_parser("bench", help="the full benchmark (GPU); same as python -m flashtile.bench", add_help=False)
-    sub.add_parser("tune", help="the tile-config sweep (GPU)", add_help=False)
+    sub.add_parser("bench", help="the full benchmark (GPU); same as python -m flashtile.bench")
+    sub.add_parser("tune", help="the tile-config sweep (GPU); same as python -m flashtile.bench.tune")
     sub.add_parser("info", help="versions and device")
     p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")
     p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "decode"], default="fa2")
-    p_viz.add_argument("--seqlen", type=int, default=8)
-    p_viz.add_argument("--head-dim", type=int, default=4)
-    p_viz.add_argument("--block-m", type=int, default=2)
-    p_viz.add_argument("--block-n", type=int, default=2)
+    p_viz.add_argument("--seqlen", type=_positive_int, default=8)
+    p_viz.add_argument("--head-dim", type=_positive_int, default=4)
+    p_viz.add_argument("--block-m", type=_positive_int, default=2)
+    p_viz.add_argument("--block-n", type=_positive_int, default=2)
     p_viz.add_argument("--causal", action="store_true")
     p_viz.add_argument("--playground", action="store_true", help="the interactive attention playground instead")
     p_viz.add_argument("-o", "--output", default="page.html")
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "bench":
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # their own parsers take the rest
         from .bench.__main__ import main as bench_main
-        return bench_main(rest)
-    if args.command == "tune":
+        return bench_main(argv[1:])
+    if argv[:1] == ["tune"]:
         from .bench.tune import main as tune_main
-        return tune_main(rest)
+        return tune_main(argv[1:])
+    args = parser.parse_args(argv)
+    args.parser = p_viz
     return {"demo": demo, "info": info, "viz": viz}[args.command](args)
 
 

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from . import require_gpu
 from .peers import FORWARD
 
 TOKENS, HIDDEN = 16384, 2048
@@ -219,8 +220,7 @@ def main(argv=None):
     parser.add_argument("--out", default="results", help="folder for bench.json, bench.md and bench.png")
     parser.add_argument("--warm-gpu", type=float, default=15, help="seconds of matrix products before timing")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("flashtile.bench needs a CUDA GPU; `flashtile demo` runs on the CPU under the interpreter")
+    require_gpu("python -m flashtile.bench")
     os.makedirs(args.out, exist_ok=True)
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     started = time.time()

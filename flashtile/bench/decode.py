@@ -12,11 +12,11 @@ import argparse
 import functools
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
+from . import require_gpu
 from .__main__ import bench_ms, best_of_turns, error_text, is_oom, progress
 
 
@@ -188,8 +188,7 @@ def main(argv=None):
             rows = json.load(f)
         os.makedirs(args.out, exist_ok=True)
         return plot(rows, os.path.join(args.out, "decode.png"))
-    if not torch.cuda.is_available():
-        sys.exit("flashtile.bench.decode needs a CUDA GPU")
+    require_gpu("python -m flashtile.bench.decode")
     if args.sweep:
         cfgs = SWEEP_CONFIGS if not args.sweep_configs else tuple(zip(*[iter(args.sweep_configs)] * 4))
         return sweep(tuple((b, n) for b in args.batches for n in args.seqlens), cfgs, args.sweep_splits, args.rounds)

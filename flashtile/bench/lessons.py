@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from . import require_gpu
 from .__main__ import bench_ms, fwd_flops
 
 
@@ -47,6 +48,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.lessons", description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096])
     args = parser.parse_args(argv)
+    require_gpu("python -m flashtile.bench.lessons")
     print("\n".join(attention_rows(args.seqlens)) + "\n\n" + "\n".join(softmax_rows()))
 
 

@@ -8,6 +8,7 @@ import torch
 
 from .. import checks, ops
 from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig
+from . import require_gpu
 from .__main__ import HIDDEN, TOKENS, best_of_turns, bench_ms, error_text, fwd_flops, progress, time_peer
 from .peers import FORWARD
 
@@ -79,6 +80,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.backward and args.peers:
         parser.error("--peers times forward peers; the backward sweep has none")
+    require_gpu("python -m flashtile.bench.tune")
     candidates = BWD_CANDIDATES if args.backward else HOPPER_CANDIDATES if args.hopper else FWD_CANDIDATES
     if args.pick:
         candidates = [candidates[i] for i in args.pick]

@@ -1,0 +1,46 @@
+"""The command line: mistakes get argparse's error (exit 2), GPU-only commands one line without a GPU."""
+import pytest
+import torch
+
+from flashtile import __version__, cli
+
+
+@pytest.mark.parametrize("argv", [["demo", "--seqln", "512"], ["demo", "--seqlen", "0"], ["viz", "--seqlen", "0"],
+                                  ["viz", "--block-n", "x"], ["viz", "--algo", "fa3"], ["nonsense"]],
+                         ids=["typo", "demo-zero", "viz-zero", "viz-not-int", "viz-algo", "command"])
+def test_mistakes_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_viz_into_a_missing_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["viz", "-o", str(tmp_path / "missing" / "x.html")])
+    assert exit_info.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_viz_writes_a_page(tmp_path):
+    out = tmp_path / "fa2.html"
+    assert cli.main(["viz", "--algo", "fa2", "--seqlen", "4", "-o", str(out)]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"flashtile {__version__}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU prints")
+@pytest.mark.parametrize("run", ["bench", "tune", "lessons", "decode"])
+def test_gpu_commands_say_so_in_one_line_without_a_gpu(run):
+    from flashtile.bench import __main__ as bench, decode, lessons, tune
+    main = {"bench": lambda: cli.main(["bench", "--seqlens", "1024"]), "tune": lambda: cli.main(["tune"]),
+            "lessons": lambda: lessons.main([]), "decode": lambda: decode.main([])}[run]
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    message = str(exit_info.value.code)
+    assert "needs a CUDA GPU" in message and "\n" not in message
+    assert bench.require_gpu is tune.require_gpu  # one helper says it everywhere
