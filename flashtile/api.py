@@ -98,6 +98,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     padding), up to cache_seqlens[b]; rotary positions stay the slots' own indices. ``softcap`` > 0 caps the scores:
     softcap · tanh(softmax_scale · q·k / softcap). ``alibi_slopes`` (float32 (nheads,) or (batch, nheads)) adds
     −slope · |i + seqlen_k − seqlen_q − j| to the score of query i and key j (after the cap).
+    Index tensors on the GPU are not read back to the host (no sync): a value outside what it indexes gives a wrong
+    result but no access outside the tensors (the kernels clamp it); ``set_value_checks(True)`` checks them too.
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q]) with ``return_softmax_lse``.
     """
     softcap = checks.softcap(softcap)

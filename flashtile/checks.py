@@ -6,17 +6,22 @@ import os
 import torch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_value_checks = os.environ.get("FLASHTILE_VALUE_CHECKS", "1") != "0"
+_value_checks = {"1": True, "0": False}.get(os.environ.get("FLASHTILE_VALUE_CHECKS", ""), None)
 _interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, as triton did when our kernels loaded
 
 
 def set_value_checks(enabled):
-    """Turn on or off the checks that read device tensors on the host (cu_seqlens, cache_seqlens,
-    block_table, cache_batch_idx). Each costs a device-to-host copy, so a GPU sync per call; a decode
-    loop that has validated its inputs once can turn them off (or run under a CUDA graph, where they are
-    skipped). Also FLASHTILE_VALUE_CHECKS=0."""
+    """The checks of index values (cu_seqlens, cache_seqlens, cache_leftpad, block_table, cache_batch_idx): a
+    ValueError naming the argument when one lies outside what it indexes. None (the default; FLASHTILE_VALUE_CHECKS
+    unset): they run where the values already live on the host (ints, CPU tensors) and cost nothing; values on the
+    GPU are not read back, and the kernels clamp every index into its tensors instead, so that a wrong value gives a
+    wrong result but never a read or write outside them. True (FLASHTILE_VALUE_CHECKS=1): a debug mode that reads
+    them back too, a GPU sync per call (skipped while tracing or capturing a CUDA graph). False
+    (FLASHTILE_VALUE_CHECKS=0): never."""
     global _value_checks
-    _value_checks = bool(enabled)
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_value_checks takes True, False or None, got {enabled!r}")
+    _value_checks = enabled
 MAX_HEAD_DIM = 256  # flash-attn's limit; a head dim that is not a multiple of 8 is padded with zeros (ops)
 
 
@@ -182,12 +187,15 @@ def window(window_size, causal):
     return (left, 0 if causal else right)
 
 
-def _host_checks_allowed(t):
-    """Value checks read the tensor on the host: skip them while tracing or capturing a CUDA graph, or
-    when turned off with set_value_checks(False)."""
-    if not _value_checks or torch.compiler.is_compiling():
+def _host_checks_allowed(*values):
+    """Whether to check index values (set_value_checks): where every tensor among ``values`` is on the host, or in
+    the debug mode, and never while tracing or capturing a CUDA graph."""
+    if _value_checks is False or torch.compiler.is_compiling():
         return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    on_gpu = [v for v in values if isinstance(v, torch.Tensor) and v.is_cuda]
+    if not on_gpu:
+        return True
+    return _value_checks is True and not torch.cuda.is_current_stream_capturing()
 
 
 def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
@@ -248,7 +256,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
         if len(_KVCACHE_PASSED) >= 1024:
             _KVCACHE_PASSED.clear()
         _KVCACHE_PASSED[key] = known
-    if _host_checks_allowed(q):
+    if _host_checks_allowed(cache_seqlens, cache_batch_idx, block_table, cache_leftpad):
         lengths = _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, cache_leftpad,
                                   known[1])
         if rotary_rows is not None and max(lengths) + rotary_span > rotary_rows:
@@ -347,15 +355,17 @@ def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, 
     """Every value check in one device-to-host copy: the lengths, then a flag per index table. Returns the
     lengths."""
     batch, seqlen_new = q.shape[0], 0 if k is None else k.shape[1]
+    tables = [t for t in (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) if isinstance(t, torch.Tensor)]
+    device = tables[0].device if tables else torch.device("cpu")  # ints: checked without touching the GPU
     if isinstance(cache_seqlens, torch.Tensor):
         lengths = cache_seqlens.long()
     else:
         fill = capacity - seqlen_new if cache_seqlens is None else int(cache_seqlens)
-        lengths = torch.full((batch,), fill, dtype=torch.long, device=q.device)
+        lengths = torch.full((batch,), fill, dtype=torch.long, device=device)
     flags = []
     if block_table is not None:
         needed = (lengths + seqlen_new + k_cache.shape[1] - 1) // k_cache.shape[1]  # pages each sequence uses
-        used = torch.arange(block_table.shape[1], device=q.device)[None, :] < needed[:, None]
+        used = torch.arange(block_table.shape[1], device=device)[None, :] < needed[:, None]
         flags.append((((block_table < 0) | (block_table >= k_cache.shape[0])) & used).any())
     if cache_batch_idx is not None:
         flags.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any())

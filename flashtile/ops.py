@@ -19,7 +19,7 @@ from .kernels.fwd import launch_fwd
 from .kernels.new_tokens import launch_append, launch_rotary
 from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
-from .kernels.unused_rows import launch_zero_unused_rows
+from .kernels.packed import launch_safe_offsets, launch_zero_unused_rows
 
 
 def _unit_last_stride(t):
@@ -78,6 +78,8 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         return out, lse
     if seqlen_k == 0:
         return out.zero_(), lse.fill_(float("-inf"))
+    if packed:  # offsets no kernel can read out of bounds with, whatever their values
+        cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     if config is None and not softcap and alibi_slopes is None:
         config = _hopper_config(q, k, v, window_size, max_seqlen_q if packed else q.shape[1])
     if isinstance(config, configs.HopperFwdConfig):
@@ -136,6 +138,7 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
         dk.zero_()
         dv.zero_()
+        cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     if cu_seqlens_q is not None:
         _ensure_allocator(q.device)

@@ -5,6 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+import flashtile
 from flashtile import reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,6 +39,17 @@ def poisoned_outputs():
         yield
     finally:
         torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+@contextlib.contextmanager
+def value_checks():
+    """The debug mode of the index-value checks (flashtile.set_value_checks(True)): on the GPU too, where by default
+    values are not read back."""
+    flashtile.set_value_checks(True)
+    try:
+        yield
+    finally:
+        flashtile.set_value_checks(None)
 
 
 def torch_attention(q, k, v, causal=False, window_size=(-1, -1), bottom_right=True, softmax_scale=None):

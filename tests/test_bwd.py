@@ -295,3 +295,26 @@ def test_dq_programs_that_write_delta(causal):
     with pytest.raises(ValueError, match="write_delta"):
         launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, 0.125, window, True, True, cfg,
                    delta=delta, write_delta=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_offsets_never_leave_the_packed_tensors(deterministic):
+    """With the value checks off (as on the GPU by default), cu_seqlens that decrease, start below 0 or end past
+    the packed tensors give a wrong answer but no read outside q, k, v, dO: each sits between NaN guards, and out,
+    LSE, dq, dk, dv stay finite (kernels/packed.py clamps the offsets first)."""
+    from test_decode import _guarded
+    total_q, total_k, nheads, head_dim = 40, 50, 2, 32
+    (q, _), (dout, _) = _guarded(total_q, nheads, head_dim), _guarded(total_q, nheads, head_dim)
+    (k, _), (v, _) = _guarded(total_k, 1, head_dim), _guarded(total_k, 1, head_dim)
+    cu_q = torch.tensor([-3, 25, 10, total_q + 9], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 60, 20, total_k + 2], dtype=torch.int32, device=DEVICE)
+    flashtile.set_value_checks(False)
+    try:
+        out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, total_q, total_k, causal=True, deterministic=deterministic), (q, k, v), dout)
+        _, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, total_q, total_k, return_attn_probs=True)
+    finally:
+        flashtile.set_value_checks(None)
+    for name, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert t.isfinite().all(), name
+    assert not lse.isnan().any()

@@ -5,7 +5,7 @@ import torch
 import flashtile
 from flashtile import checks
 from flashtile.kernels import fwd
-from helpers import DEVICE, randn
+from helpers import DEVICE, randn, value_checks
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +120,7 @@ BAD_VARLEN = {
 def test_bad_varlen_input(case):
     fn, error, message = BAD_VARLEN[case]
     q, k, v, cu, max_seqlen = varlen()
-    with pytest.raises(error, match=message):
+    with value_checks(), pytest.raises(error, match=message):
         fn(q, k, v, cu, max_seqlen)
 
 
@@ -151,16 +151,28 @@ def test_sdpa_rank():
 
 
 def test_value_checks_can_be_turned_off(monkeypatch):
-    """With set_value_checks(False) the host never reads cu_seqlens: a too-small max_seqlen goes unnoticed."""
+    """With set_value_checks(False) the host never reads cu_seqlens: a too-small max_seqlen goes unnoticed. By default
+    the check runs where cu_seqlens lives on the host (the CPU tier) and not on the GPU (no sync); the debug mode
+    runs it everywhere."""
+    from flashtile.kernels import packed
     q, k, v, cu, max_seqlen = varlen()
     monkeypatch.setattr(fwd.flash_fwd_kernel, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(packed.safe_offsets_kernel, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(packed.zero_unused_rows_kernel, "run", lambda *args, **kwargs: None)
     flashtile.set_value_checks(False)
     try:
         call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)
     finally:
-        flashtile.set_value_checks(True)
-    with pytest.raises(ValueError, match="max_seqlen_q"):
+        flashtile.set_value_checks(None)
+    if cu.is_cuda:
         call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)
+    else:
+        with pytest.raises(ValueError, match="max_seqlen_q"):
+            call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)
+    with value_checks(), pytest.raises(ValueError, match="max_seqlen_q"):
+        call_varlen(q, k, v, cu, cu, max_seqlen - 1, max_seqlen)
+    with pytest.raises(TypeError, match="set_value_checks takes"):
+        flashtile.set_value_checks(1)
 
 
 

@@ -8,7 +8,7 @@ import flashtile
 from flashtile import reference
 from flashtile.bench.decode import paged_cache
 from flashtile.kernels.tiles import tma_addressable
-from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention
+from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention, value_checks
 
 
 paged = functools.partial(paged_cache, spare_pages=3)  # the same cache as shuffled pages, and its block table
@@ -648,7 +648,7 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input(case):
     fn, error, message = BAD[case]
-    with pytest.raises(error, match=message):
+    with value_checks(), pytest.raises(error, match=message):
         fn(randn(2, 1, 4, 64, dtype=torch.float16), *_kv())
 
 
@@ -663,7 +663,7 @@ def test_block_table_padding_past_the_used_pages_is_accepted():
     ref, _, base = expected(q, k_cache, v_cache, [20, 20])
     assert_attention_close(out, ref, base)
     table[1, 1] = -1
-    with pytest.raises(ValueError, match="block_table holds page indices"):
+    with value_checks(), pytest.raises(ValueError, match="block_table holds page indices"):
         flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=20, block_table=table)
 
 
@@ -686,3 +686,54 @@ def test_tma_addressable():
     assert not tma_addressable(base[..., 1:33])  # base address 2 bytes past alignment
     assert not tma_addressable(randn(2, 64, 4, 36, dtype=torch.float16))  # 72-byte rows
     assert not tma_addressable(base.transpose(-1, -2))  # last dim not contiguous
+
+
+def _guarded(*shape, dtype=torch.float16):
+    """A fresh normal tensor of ``shape`` in the middle of a buffer three times its size whose rest is NaN, and that
+    buffer: a read past either end of the tensor shows as NaN, a write as a changed guard."""
+    n = 1
+    for s in shape:
+        n *= s
+    buffer = torch.full((3 * n, ), float("nan"), dtype=dtype, device=DEVICE)
+    tensor = buffer[n:2 * n].view(*shape)
+    tensor.copy_(randn(*shape, dtype=dtype))
+    return tensor, buffer
+
+
+def _guards_intact(buffer):
+    n = buffer.numel() // 3
+    return bool(buffer[:n].isnan().all() and buffer[2 * n:].isnan().all())
+
+
+@pytest.mark.parametrize("layout", ["contiguous-d59", "paged16"])
+def test_index_values_never_leave_their_tensors(layout):
+    """With the value checks off (as on the GPU by default), cache_seqlens, cache_leftpad, cache_batch_idx and
+    block_table past either end of what they index, and rotary positions past the table, give a wrong answer but no
+    read or write outside the cache, the new tokens or the rotary table: each sits between NaN guards, which must stay
+    NaN and never reach the output. (Pages of 16 and head dim 59 are read by pointers, not TMA boxes.)"""
+    batch, capacity, nheads, nheads_k, new = 3, 64, 4, 2, 2
+    head_dim = 59 if layout.endswith("d59") else 64
+    paged_cache = layout.startswith("paged")
+    shape = (batch * capacity // 16, 16, nheads_k, head_dim) if paged_cache else (batch, capacity, nheads_k, head_dim)
+    (k_cache, k_buffer), (v_cache, v_buffer) = _guarded(*shape), _guarded(*shape)
+    (k_new, _), (v_new, _) = _guarded(batch, new, nheads_k, head_dim), _guarded(batch, new, nheads_k, head_dim)
+    (cos, cos_buffer), (sin, _) = _guarded(capacity, 16, dtype=torch.float32), _guarded(capacity, 16,
+                                                                                      dtype=torch.float32)
+    q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
+    kwargs = dict(cache_seqlens=_i32([capacity + 7, -5, capacity - new]), cache_leftpad=_i32([capacity + 3, -2, 5]),
+                  rotary_cos=cos, rotary_sin=sin, causal=True, num_splits=2)
+    if paged_cache:
+        table = torch.randperm(shape[0], device=DEVICE).to(torch.int32).view(batch, capacity // 16)
+        table[0, -1], table[1, 0] = shape[0] + 3, -4
+        kwargs["block_table"] = table
+    else:
+        kwargs["cache_batch_idx"] = _i32([batch, -1, 1])
+    flashtile.set_value_checks(False)
+    try:
+        out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+    finally:
+        flashtile.set_value_checks(None)
+    assert out.isfinite().all()
+    assert all(_guards_intact(b) for b in (k_buffer, v_buffer, cos_buffer))
+    with value_checks(), pytest.raises(ValueError):  # the debug mode refuses the same call
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)

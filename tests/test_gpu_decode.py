@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn
-from test_decode import expected, many_rows_case, paged
+from test_decode import _guarded, _guards_intact, _i32, expected, many_rows_case, paged
 
 pytestmark = pytest.mark.gpu
 
@@ -320,3 +320,78 @@ def test_flash_attn_kvcache_cases(case):
         many_rows_case(64, 2048, 64, 6, 1, rotary_dim=64)
     else:
         many_rows_case(16, 131072, 256, 6, 1, local=True, alibi=True, new_kv=False, num_splits=1)
+
+
+@pytest.mark.parametrize("layout", ["head-major", "key-major", "paged256"])
+def test_default_decode_reads_no_index_back_and_stays_inside(layout, monkeypatch):
+    """The default settings read no index value back to the host (no sync: the call runs under CUDA graph capture
+    as it is) and cache_seqlens past the capacity, or pages past the pool, stay inside the cache on every kernel the
+    dispatch picks here: the warp-specialized one (head-major, one split), the portable one by TMA boxes (key-major,
+    pages of 256). The cache sits between NaN guards that must stay NaN and out of the output."""
+    batch, capacity, nheads, nheads_k, head_dim = 32, 4096, 32, 8, 128
+    q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)
+    if layout == "head-major":
+        (k_cache, k_buffer), (v_cache, v_buffer) = (_guarded(batch, nheads_k, capacity, head_dim,
+                                                             dtype=torch.bfloat16) for _ in range(2))
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        kwargs = {}
+    elif layout == "key-major":
+        (k_cache, k_buffer), (v_cache, v_buffer) = (_guarded(batch, capacity, nheads_k, head_dim, dtype=torch.bfloat16)
+                                                    for _ in range(2))
+        kwargs = {}
+    else:
+        pages = batch * capacity // 256
+        (k_cache, k_buffer), (v_cache, v_buffer) = (_guarded(pages, 256, nheads_k, head_dim, dtype=torch.bfloat16)
+                                                    for _ in range(2))
+        table = torch.randperm(pages, device=DEVICE).to(torch.int32).view(batch, capacity // 256)
+        table[-1, -1], table[0, 0] = pages + 5, -7
+        kwargs = dict(block_table=table)
+    seqlens = _i32([capacity + 100] * (batch - 1) + [-3])
+    launches = _decode_launches(monkeypatch)
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kwargs)
+    torch.cuda.synchronize()
+    assert out.isfinite().all() and _guards_intact(k_buffer) and _guards_intact(v_buffer)
+    assert bool(launches["hopper"]) == (layout == "head-major")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a host read would fail the capture
+        captured = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kwargs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)
+
+
+def test_default_settings_never_sync_the_host():
+    """With the defaults no entry point reads a device tensor back to the host (torch's sync debug mode raises on any
+    synchronizing call): flash_attn_func, the packed varlen forward and backward, flash_attn_with_kvcache on contiguous
+    and paged caches with every index tensor and new tokens, SDPA, combine. The first call of each shape compiles and
+    may allocate; the second is the one that must not sync."""
+    q, k, v = (randn(2, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 100, 300, 600], dtype=torch.int32, device=DEVICE)
+    qp, kp, vp = (t.reshape(600, 4, 128).requires_grad_() for t in (q, k, v))
+    k_cache, v_cache = (randn(4, 1024, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    k_pages, table = paged(k_cache, 64)
+    v_pages, _ = paged(v_cache, 64, table=table)
+    k_new, v_new = (randn(4, 2, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    qd = randn(4, 2, 8, 128, dtype=torch.bfloat16)
+    seqlens, pads, rows = _i32([10, 500, 1000, 3]), _i32([0, 7, 100, 1]), _i32([3, 2, 1, 0])
+    cos, sin = torch.rand(1024, 32, device=DEVICE), torch.rand(1024, 32, device=DEVICE)
+    calls = [
+        lambda: flashtile.flash_attn_func(q, k, v, causal=True),
+        lambda: flashtile.flash_attn_varlen_func(qp, kp, vp, cu, cu, 300, 300, causal=True).sum().backward(),
+        lambda: flashtile.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
+        lambda: flashtile.flash_attn_with_kvcache(qd, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                                 cache_batch_idx=rows, cache_leftpad=pads, rotary_cos=cos,
+                                                 rotary_sin=sin, causal=True),
+        lambda: flashtile.flash_attn_with_kvcache(qd, k_pages, v_pages, k_new, v_new, cache_seqlens=seqlens,
+                                                 block_table=table, cache_leftpad=pads, causal=True),
+        lambda: flashtile.combine(torch.stack([q, k]), torch.zeros(2, 2, 4, 300, device=DEVICE)),
+    ]
+    for call in calls:
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

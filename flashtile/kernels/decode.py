@@ -30,7 +30,8 @@ def flash_decode_split_kernel(
     stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
     stride_out_h, stride_lse_b, stride_lse_h, stride_bt, stride_alibi_b, lse_part_start, seqlen_q, seqlen_new,
-    nheads_k, page_size, chunk, qk_scale, softcap_scale, alibi_unit, left, right, GROUP: tl.constexpr,
+    nheads_k, page_size, chunk, capacity, cache_rows, qk_scale, softcap_scale, alibi_unit, left, right,
+    GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_ROWS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
@@ -46,12 +47,14 @@ def flash_decode_split_kernel(
     HEADS · 256 bytes a key), each head's query rows with a state of its own (the groups are then the heads). With
     SOFTCAP the scores are tanh(q·k · softcap_scale), and qk_scale carries the cap (flash-attn's softcap:
     cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score gets −slope · |i + diag − j| (query i, key j), in
-    units of the logit (alibi_unit = 1 / (cap or scale))."""
+    units of the logit (alibi_unit = 1 / (cap or scale)). Every index read from memory is clamped into its tensor
+    (lengths to the ``capacity`` keys a sequence's cache holds, rows and pages to the cache's ``cache_rows``): no
+    value of cache_seqlens, cache_leftpad, cache_batch_idx or block_table makes it read outside them."""
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // (nheads_k // HEADS)).to(tl.int64)
     h_k = (pid_bh % (nheads_k // HEADS) * HEADS).to(tl.int64)  # the program's (first) KV head
-    seqlen_k = tl.load(cache_seqlens + b) + seqlen_new  # the keys before this step's append, and the new ones
+    seqlen_k = tl.minimum(tl.maximum(tl.load(cache_seqlens + b), 0) + seqlen_new, capacity)  # the old keys, the new
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     token = rows // GROUP  # [BLOCK_M]
     head = h_k * GROUP + rows % GROUP  # [BLOCK_M]
@@ -74,7 +77,7 @@ def flash_decode_split_kernel(
         start = tl.maximum(start, tl.program_id(2) * BLOCK_M // GROUP + diag - left)
     pad = 0
     if HAS_LEFTPAD:  # the sequence's keys start at cache_leftpad[b]: the slots before it are padding
-        pad = tl.load(cache_leftpad + b)
+        pad = tl.minimum(tl.maximum(tl.load(cache_leftpad + b), 0), seqlen_k)
         start = tl.maximum(start, pad)
     MASK_PAD: tl.constexpr = PAGED and USE_TMA and HAS_LEFTPAD
     # whole tiles keep each inside a page; the masks drop the keys left of the window or of the pad
@@ -82,7 +85,7 @@ def flash_decode_split_kernel(
         start = start // BLOCK_N * BLOCK_N
     cache_row = b  # the contiguous cache's row of this sequence (unused when PAGED)
     if HAS_BATCH_IDX and not PAGED:
-        cache_row = tl.load(batch_idx + b).to(tl.int64)
+        cache_row = tl.minimum(tl.maximum(tl.load(batch_idx + b), 0), cache_rows - 1).to(tl.int64)
     slopes = alibi_slope(Alibi, b, stride_alibi_b, head, alibi_unit, HAS_ALIBI, row_ok)  # as head
     GROUPS: tl.constexpr = KEY_GROUPS * HEADS  # the states: one per key group, or per head
     m_i = tl.full([GROUPS, BLOCK_M], float("-inf"), tl.float32)
@@ -106,10 +109,10 @@ def flash_decode_split_kernel(
             for start_n in tl.range(lo, hi, BLOCK_N):
                 acc, m_i, l_i = attend_tile(
                     acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, pad, page_size,
-                    stride_bt, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok,
-                    token, diag, left, right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS,
-                    PAGED, USE_TMA, MASK_LEFT, MASK_RIGHT, MASK_PAD and step != 1, SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-                    step == 2, HEADS)
+                    cache_rows, stride_bt, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n,
+                    offs_d, d_ok, token, diag, left, right, slopes, softcap_scale, qk_scale, BLOCK_N, HEAD_DIM_PAD,
+                    KEY_GROUPS, PAGED, USE_TMA, MASK_LEFT, MASK_RIGHT, MASK_PAD and step != 1, SOFTCAP, HAS_ALIBI,
+                    DOT_PRECISION, step == 2, HEADS)
 
     if HEADS == 1:
         m_i, l_i, acc = merge_groups(m_i, l_i, acc)  # [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM]
@@ -147,12 +150,12 @@ def flash_decode_split_kernel(
 
 
 @triton.jit
-def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, pad, page_size, stride_bt,
-                stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d, d_ok, token, diag,
-                left, right, slopes, softcap_scale, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                KEY_GROUPS: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr,
-                MASK_RIGHT: tl.constexpr, MASK_PAD: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, LAST: tl.constexpr, HEADS: tl.constexpr):
+def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, start_n, end, pad, page_size,
+                cache_rows, stride_bt, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_n, offs_d,
+                d_ok, token, diag, left, right, slopes, softcap_scale, qk_scale, BLOCK_N: tl.constexpr,
+                HEAD_DIM_PAD: tl.constexpr, KEY_GROUPS: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr,
+                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, MASK_PAD: tl.constexpr, SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr, LAST: tl.constexpr, HEADS: tl.constexpr):
     """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys, or of each of
     the HEADS KV heads from h_k on (q, m_i, l_i and acc carry the groups first): scores, the online softmax, P·V into
     acc. Only the LAST tile (the one that crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with
@@ -163,13 +166,14 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
     keys = start_n + offs_n  # [BLOCK_N]
     row, slot = cache_row, start_n
     if USE_TMA and PAGED:  # the tile lies inside one page (BLOCK_N divides page_size)
-        row = tl.load(block_table + b * stride_bt + start_n // page_size).to(tl.int64)
+        row = tl.minimum(tl.maximum(tl.load(block_table + b * stride_bt + start_n // page_size), 0),
+                         cache_rows - 1).to(tl.int64)
         slot = start_n % page_size
     if USE_TMA:
         k = tma_tile(K, row, h_k, slot, HEADS, BLOCK_N, HEAD_DIM_PAD)
     else:
-        k = cache_tile(K, block_table, b, page, keys, end, page_size, stride_bt, stride_kp, stride_kt, stride_kh,
-                       h_k, offs_d, d_ok, PAGED, LAST)
+        k = cache_tile(K, block_table, b, page, keys, end, page_size, cache_rows, stride_bt, stride_kp, stride_kt,
+                       stride_kh, h_k, offs_d, d_ok, PAGED, LAST)
     k = tl.permute(k.reshape(q.shape[0], GROUP_N, HEAD_DIM_PAD), (0, 2, 1))  # [GROUPS, HEAD_DIM, GROUP_N]
     zeros = tl.zeros([q.shape[0], q.shape[1], GROUP_N], tl.float32)
     qk = group_dot(q, k, zeros, DOT_PRECISION)  # [GROUPS, BLOCK_M, GROUP_N]
@@ -193,8 +197,8 @@ def attend_tile(acc, m_i, l_i, q, K, V, block_table, b, cache_row, page, h_k, st
         if MASK_PAD:
             v = tl.where((keys >= pad)[:, None], v, 0.0)
     else:
-        v = cache_tile(V, block_table, b, page, keys, end, page_size, stride_bt, stride_vp, stride_vt, stride_vh,
-                       h_k, offs_d, d_ok, PAGED, LAST)
+        v = cache_tile(V, block_table, b, page, keys, end, page_size, cache_rows, stride_bt, stride_vp, stride_vt,
+                       stride_vh, h_k, offs_d, d_ok, PAGED, LAST)
     acc = acc * alpha[:, :, None]
     acc = group_dot(p.to(v.dtype), v.reshape(q.shape[0], GROUP_N, HEAD_DIM_PAD), acc, DOT_PRECISION)
     return acc, m_i, l_i
@@ -232,13 +236,14 @@ def merge_groups(m_i, l_i, acc):
 
 
 @triton.jit
-def cache_tile(X, block_table, b, page, keys, end, page_size, stride_bt, stride_xp, stride_xt, stride_xh, h_k, offs_d,
-               d_ok, PAGED: tl.constexpr, MASKED: tl.constexpr):
+def cache_tile(X, block_table, b, page, keys, end, page_size, cache_rows, stride_bt, stride_xp, stride_xt, stride_xh,
+               h_k, offs_d, d_ok, PAGED: tl.constexpr, MASKED: tl.constexpr):
     """The cache rows ``keys`` [BLOCK_N] of KV head h_k by pointers (0 from ``end`` on when MASKED): through the page
     table when PAGED, else rows of the cache row ``page`` [BLOCK_N] (one value)."""
     ok = keys < end if MASKED else keys >= 0
     if PAGED:
-        page = tl.load(block_table + b * stride_bt + keys // page_size, mask=ok, other=0).to(tl.int64)
+        page = tl.load(block_table + b * stride_bt + keys // page_size, mask=ok, other=0)
+        page = tl.minimum(tl.maximum(page, 0), cache_rows - 1).to(tl.int64)
         slot = (keys % page_size).to(tl.int64)
     else:
         slot = keys.to(tl.int64)
@@ -361,6 +366,7 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     left, right = window_size
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 0
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
     block_m = block_rows(group, seqlen_q, config)
     pad = max(16, next_pow2(head_dim))
     use_tma = reads_by_tma(k_cache, v_cache) and (not paged or page_size % config.block_n == 0)
@@ -381,7 +387,7 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
             alibi_slopes, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
             *out.stride()[:3], *((0, 0) if lse is None else lse.stride()[:2]), block_table.stride(0) if paged else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            num_splits * rows * head_dim, seqlen_q, seqlen_new, nheads_k, page_size, chunk,
+            num_splits * rows * head_dim, seqlen_q, seqlen_new, nheads_k, page_size, chunk, capacity, k_cache.shape[0],
             *score_scales(softmax_scale, softcap), max(left, 0), max(right, 0))
     block_s = max(2, next_pow2(num_splits))
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,

@@ -27,11 +27,12 @@ from .replay import Replay, Replays, aligned, detach_descriptor
 
 
 @gluon.jit
-def _program(cache_seqlens, seqlen_new, nheads_k):
-    """(batch, KV head, keys in the cache) of this program."""
+def _program(cache_seqlens, seqlen_new, capacity, nheads_k):
+    """(batch, KV head, keys in the cache) of this program; the keys clamped to the cache's capacity, whatever
+    cache_seqlens holds."""
     b = (gl.program_id(0) // nheads_k).to(gl.int64)
     h_k = (gl.program_id(0) % nheads_k).to(gl.int64)
-    return b, h_k, gl.load(cache_seqlens + b) + seqlen_new
+    return b, h_k, gl.minimum(gl.maximum(gl.load(cache_seqlens + b), 0) + seqlen_new, capacity)
 
 
 @triton.constexpr_function
@@ -42,12 +43,12 @@ def _rows_layout(head_dim):
 
 @gluon.jit
 def _load_and_merge(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, free, stored, Out, LSE, cache_seqlens,
-                    stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, nheads_k, k_rows_b,
-                    k_rows_h, k_col_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, capacity, nheads_k,
+                    k_rows_b, k_rows_h, k_col_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_GROUPS: gl.constexpr, WRITE_LSE: gl.constexpr):
     """The default partition: K and V of every tile into the next ring stage once its consumers freed it; then,
     once every consumer has left its state in the ring's memory, their merge into O and LSE."""
-    b, h_k, seqlen_k = _program(cache_seqlens, seqlen_new, nheads_k)
+    b, h_k, seqlen_k = _program(cache_seqlens, seqlen_new, capacity, nheads_k)
     row = (b * k_rows_b + h_k * k_rows_h).to(gl.int32)
     col = (h_k * k_col_h).to(gl.int32)
     for j in range(gl.cdiv(seqlen_k, BLOCK_N)):
@@ -97,7 +98,7 @@ def _states(k_smem, v_smem, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, KEY_G
 
 @gluon.jit
 def _consumer(g: gl.constexpr, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb,
-              stride_qt, stride_qh, seqlen_q, seqlen_new, nheads_k, qk_scale, GROUP: gl.constexpr,
+              stride_qt, stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               KEY_GROUPS: gl.constexpr):
     """One warp, keys [g·GROUP_N, (g + 1)·GROUP_N) of every tile: scores and P·V by mma.sync with a softmax state of
@@ -106,7 +107,7 @@ def _consumer(g: gl.constexpr, k_smem, v_smem, k_ready, v_ready, free, done, sto
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    b, h_k, seqlen_k = _program(cache_seqlens, seqlen_new, nheads_k)
+    b, h_k, seqlen_k = _program(cache_seqlens, seqlen_new, capacity, nheads_k)
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))  # [BLOCK_M] packed query rows
     token = rows // GROUP
     head = h_k * GROUP + rows % GROUP
@@ -148,10 +149,10 @@ def _consumer(g: gl.constexpr, k_smem, v_smem, k_ready, v_ready, free, done, sto
 
 @gluon.jit
 def flash_decode_hopper_kernel(k_desc, v_desc, Q, Out, LSE, cache_seqlens, stride_qb, stride_qt, stride_qh,
-                               stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, nheads_k,
-                               k_rows_b, k_rows_h, k_col_h, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
-                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                               WRITE_LSE: gl.constexpr, REGS: gl.constexpr):
+                               stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, capacity,
+                               nheads_k, k_rows_b, k_rows_h, k_col_h, qk_scale, GROUP: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               STAGES: gl.constexpr, WRITE_LSE: gl.constexpr, REGS: gl.constexpr):
     """Grid (batch · nheads_k,), four warps that load and merge and four consumer warps with REGS registers each."""
     KEY_GROUPS: gl.constexpr = 4
     gl.static_assert(STAGES * BLOCK_N * 2 >= KEY_GROUPS * BLOCK_M * 4, "the K ring must hold the consumers' O")
@@ -171,21 +172,21 @@ def flash_decode_hopper_kernel(k_desc, v_desc, Q, Out, LSE, cache_seqlens, strid
     # (a literal list: warp_specialize takes no unpacked tuple, and constexprs in a tuple stop being constexprs)
     gl.warp_specialize([
         (_load_and_merge, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, free, stored, Out, LSE, cache_seqlens,
-                           stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, nheads_k,
-                           k_rows_b, k_rows_h, k_col_h, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, KEY_GROUPS,
-                           WRITE_LSE)),
+                           stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, capacity,
+                           nheads_k, k_rows_b, k_rows_h, k_col_h, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                           KEY_GROUPS, WRITE_LSE)),
         (_consumer, (0, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     KEY_GROUPS)),
+                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     STAGES, KEY_GROUPS)),
         (_consumer, (1, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     KEY_GROUPS)),
+                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     STAGES, KEY_GROUPS)),
         (_consumer, (2, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     KEY_GROUPS)),
+                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     STAGES, KEY_GROUPS)),
         (_consumer, (3, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     KEY_GROUPS)),
+                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     STAGES, KEY_GROUPS)),
     ], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
 
 
@@ -210,7 +211,7 @@ def launch_args(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, con
     k_desc, v_desc = (_descriptor(_view(t, shape), [config.block_n, head_dim], layout) for t in (k_cache, v_cache))
     lse_strides = (0, 0) if lse is None else lse.stride()[:2]
     args = (k_desc, v_desc, q, out, lse, cache_seqlens, *q.stride()[:3], *out.stride()[:3], *lse_strides, seqlen_q,
-            seqlen_new, nheads_k, k_rows_b, k_rows_h, k_col_h, softmax_scale * LOG2E.value)
+            seqlen_new, k_cache.shape[1], nheads_k, k_rows_b, k_rows_h, k_col_h, softmax_scale * LOG2E.value)
     kwargs = dict(GROUP=nheads // nheads_k, HEAD_DIM=head_dim, BLOCK_M=16, BLOCK_N=config.block_n,
                   STAGES=config.num_stages, WRITE_LSE=lse is not None,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)

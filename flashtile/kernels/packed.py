@@ -1,14 +1,41 @@
-"""Rows of a packed (total, nheads, headdim) tensor from cu_seqlens[-1] on belong to no sequence (flash-attn's
-varlen functions leave them out). ``launch_zero_unused_rows`` writes 0 there (and LSE = −inf), so that a caller
-never reads memory that nothing wrote. The grid covers every row: programs whose rows all lie inside the
-sequences return after one load, and the end is read on the device (no host sync)."""
+"""Packed (varlen) tensors: the offsets made safe, and the rows no sequence owns.
+
+``launch_safe_offsets``: the kernels index a packed tensor by cu_seqlens, read on the device (no host sync).
+Offsets clamped to [0, total] and made non-decreasing stand in for the given ones, so that no value of cu_seqlens
+makes a kernel touch memory outside its tensors; valid offsets come back unchanged.
+
+``launch_zero_unused_rows``: rows from cu_seqlens[-1] on belong to no sequence (flash-attn's varlen functions leave
+them out); they get 0 (and LSE = −inf), so that a caller never reads memory that nothing wrote. The grid covers every
+row: programs whose rows all lie inside the sequences return after one load.
+"""
+import torch
 import triton
 import triton.language as tl
 
 from .replay import Replay, Replays, aligned
-from .tiles import cdiv
+from .tiles import cdiv, next_pow2
 
 BLOCK_R, BLOCK_C = 16, 256
+
+
+@triton.jit
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _safe(cu, out, total, offs, ok):
+    x = tl.minimum(tl.maximum(tl.load(cu + offs, mask=ok, other=0), 0), total)  # [BLOCK]
+    tl.store(out + offs, tl.associative_scan(x, 0, _larger), mask=ok)
+
+
+@triton.jit
+def safe_offsets_kernel(CU_Q, CU_K, Out, n, total_q, total_k, BLOCK: tl.constexpr):
+    """One program: Out[0] = cu_q and Out[1] = cu_k, each clamped to [0, total] and then a running maximum."""
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n
+    _safe(CU_Q, Out, total_q, offs, ok)
+    _safe(CU_K, Out + n, total_k, offs, ok)
 
 
 @triton.jit
@@ -34,6 +61,21 @@ def zero_unused_rows_kernel(X, LSE, cu_seqlens, batch, total, stride_x, stride_l
 
 
 _REPLAYS = Replays()
+
+
+def launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
+    """(cu_seqlens_q, cu_seqlens_k) as the kernels may read them: new int32 tensors, each offset clamped to
+    [0, total] and no smaller than the one before it."""
+    n = cu_seqlens_q.numel()
+    out = torch.empty(2, n, dtype=torch.int32, device=cu_seqlens_q.device)
+    key = ("offsets", n, total_q, total_k, cu_seqlens_q.device, aligned(cu_seqlens_q, cu_seqlens_k))
+    replay = _REPLAYS.get(key)
+    if replay is not None:
+        replay.run(out.device, cu_seqlens_q, cu_seqlens_k, out)
+    else:
+        _REPLAYS.put(key, Replay(safe_offsets_kernel, (1, ), (cu_seqlens_q, cu_seqlens_k, out, n, total_q, total_k),
+                                 dict(BLOCK=next_pow2(n), num_warps=4), ["CU_Q", "CU_K", "Out"]))
+    return out[0], out[1]
 
 
 def launch_zero_unused_rows(x, cu_seqlens, lse=None):
