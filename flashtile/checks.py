@@ -175,7 +175,7 @@ def window(window_size, causal):
         if window_size.shape != (2,):
             raise TypeError(f"window_size must be a pair (left, right), got a tensor of shape "
                             f"{tuple(window_size.shape)}")
-        window_size = tuple(window_size.unbind())
+        window_size = tuple(window_size.tolist())  # one read back to the host
     try:
         left, right = window_size
     except (TypeError, ValueError):

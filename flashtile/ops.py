@@ -17,9 +17,9 @@ from .kernels.bwd import launch_bwd
 from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
 from .kernels.fwd import launch_fwd
 from .kernels.new_tokens import launch_append, launch_rotary
+from .kernels.packed import launch_safe_offsets, launch_zero_unused_rows
 from .kernels.replay import stream_handle
 from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
-from .kernels.packed import launch_safe_offsets, launch_zero_unused_rows
 
 
 def _unit_last_stride(t):
