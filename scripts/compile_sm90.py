@@ -1,7 +1,7 @@
 """Compile the kernels for sm90 on a machine without a GPU (ptxas ships with triton) and report each
 tile config's shared memory and instruction mix. Used by tests/test_compile_sm90.py.
 
-    TRITON_INTERPRET=0 python scripts/compile_sm90.py [--decode]
+    TRITON_INTERPRET=0 python scripts/compile_sm90.py [--decode] [--shard K/N]
 """
 import json
 import os
@@ -53,7 +53,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
     return dict(kernel=kernel.__name__, head_dim=consts["HEAD_DIM"], config=list(cfg.__dict__.values()),
                 varlen=varlen, causal=consts["MASK_RIGHT"], dq=consts.get("DQ_ATOMIC"),
                 shared=compiled.metadata.shared,
-                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"), tma_loads=ptx.count("cp.async.bulk.tensor"),
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
+                tma_loads=ptx.count("cp.async.bulk.tensor"),
                 local=ptx.count("ld.local") + ptx.count("st.local"),
                 tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"))
 
@@ -64,47 +65,56 @@ def consts_for(head_dim, cfg, varlen, causal, **extra):
                 HAS_ALIBI=False, DOT_PRECISION="tf32", **extra)
 
 
-def main():
-    rows = []
-    for (pad, causal), cfg in configs.FWD_SM90.items():
-        for varlen in (False, True):
-            tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
-            rows.append(compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen))
-    # the portable backward (delta from the preprocess), then the sm90 backward's dQ programs writing delta
-    bwd = [(pad, causal, cfg, varlen, atomic, False) for (pad, causal), cfg in configs.BWD_SM90.items()
-           for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
-    bwd += [(head_dim, causal, cfg.dq, False, "none", True) for (head_dim, causal), cfg in configs.BWD_HOPPER.items()]
-    for pad, causal, cfg, varlen, atomic, delta_here in bwd:
-        tensors = dict(Q1=cfg.block_m1, dO1=cfg.block_m1, K1=cfg.block_n1, V1=cfg.block_n1, dK=cfg.block_n1,
-                       dV=cfg.block_n1, Q2=cfg.block_m2, dO2=cfg.block_m2, K2=cfg.block_n2, V2=cfg.block_n2,
-                       dQ=cfg.block_m2)
-        if atomic == "tma":
-            tensors["dQacc"] = cfg.block_m1
-        if delta_here:
-            tensors["O2"] = cfg.block_m2
-        consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
-                      BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
-                      MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
-                      DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
-        rows.append(dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here))
+def compile_fwd(pad, causal, cfg, varlen):
+    """The portable forward with a shipped tile config."""
+    tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
+    return compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen)
+
+
+def compile_bwd(pad, causal, cfg, varlen, atomic, delta_here):
+    """The portable backward (delta from the preprocess), or with ``delta_here`` the sm90 backward's dQ programs that
+    write delta."""
+    tensors = dict(Q1=cfg.block_m1, dO1=cfg.block_m1, K1=cfg.block_n1, V1=cfg.block_n1, dK=cfg.block_n1,
+                   dV=cfg.block_n1, Q2=cfg.block_m2, dO2=cfg.block_m2, K2=cfg.block_n2, V2=cfg.block_n2,
+                   dQ=cfg.block_m2)
+    if atomic == "tma":
+        tensors["dQacc"] = cfg.block_m1
+    if delta_here:
+        tensors["O2"] = cfg.block_m2
+    consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
+                  BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
+                  MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
+                  DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
+    return dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here)
+
+
+def shipped_jobs():
+    """(function, args) of every shipped forward and backward config's compile."""
+    jobs = [(compile_fwd, (pad, causal, cfg, varlen)) for (pad, causal), cfg in configs.FWD_SM90.items()
+            for varlen in (False, True)]
+    jobs += [(compile_bwd, (pad, causal, cfg, varlen, atomic, False)) for (pad, causal), cfg in configs.BWD_SM90.items()
+             for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
+    jobs += [(compile_bwd, (head_dim, causal, cfg.dq, False, "none", True))
+             for (head_dim, causal), cfg in configs.BWD_HOPPER.items()]
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
-    for (head_dim, causal), top in configs.FWD_HOPPER.items() if GLUON_VERSION_OK else ():
-        rows.extend(compile_hopper_fwd(head_dim, causal, cfg) for cfg in configs.hopper_fwd_chain(top))
-    json.dump(rows, sys.stdout, indent=None)
+    jobs += [(compile_hopper_fwd, (head_dim, causal, cfg)) for (head_dim, causal), top in configs.FWD_HOPPER.items()
+             if GLUON_VERSION_OK for cfg in configs.hopper_fwd_chain(top)]
+    return jobs
 
 
 def decode_launches():
     """Every split-KV decode launch the sm90 dispatch can pick (ops.kvcache_forward): (head dim, padded head dim,
     config, paged, read by TMA, query rows a program). A config of the contiguous tables also serves paged caches
     (pages that hold whole tiles as TMA boxes, else pointers) and caches no descriptor can address (a head dim that
-    is not a multiple of 8, read by pointers); a program takes 16 rows up to the config's max_rows, both ends
-    compiled (no case seen fails or overflows in between: the failures grow with the rows)."""
+    is not a multiple of 8, read by pointers); a program takes 16 rows up to the config's max_rows. Both ends are
+    compiled where tiles come by TMA, max_rows alone by pointers (in the sweep that set max_rows, every compile
+    failure and every shared-memory overflow came at more rows than a size that passed)."""
     cases = [(pad, cfg, paged, tma) for pad, cfg in configs.decode_configs_sm90()
              for paged, tma in (((False, True), (False, False), (True, True), (True, False)) if cfg.heads == 1
                                 else ((False, True), ))]
     cases += [(pad, cfg, True, tile > 0) for pad, tile, cfg in configs.decode_paged_configs_sm90()]
     return [(pad if tma else pad - 5, pad, cfg, paged, tma, rows) for pad, cfg, paged, tma in cases
-            for rows in sorted({16, cfg.max_rows})]
+            for rows in sorted({16 if tma else cfg.max_rows, cfg.max_rows})]
 
 
 def compile_decode(head_dim, pad, cfg, paged, tma, rows):
@@ -244,8 +254,18 @@ def _ptxas():
     return compiler.get_ptxas(90).path
 
 
+def main(argv=None):
+    """Compile one shard (``--shard K/N``: every N-th job from the K-th) of the shipped configs, or with ``--decode`` of
+    the decode launches, and print the rows as JSON."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--decode", action="store_true")
+    parser.add_argument("--shard", default="0/1")
+    args = parser.parse_args(argv)
+    k, n = map(int, args.shard.split("/"))
+    jobs = [(compile_decode, launch) for launch in decode_launches()] if args.decode else shipped_jobs()
+    json.dump([fn(*fn_args) for fn, fn_args in jobs[k::n]], sys.stdout, indent=None)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--decode"]:
-        json.dump([compile_decode(*launch) for launch in decode_launches()], sys.stdout, indent=None)
-    else:
-        main()
+    main()
