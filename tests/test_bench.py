@@ -161,3 +161,47 @@ def test_paired_interval_holds_the_median():
     ratios = [0.99 + 0.001 * i for i in range(21)]
     lo, hi = paired.interval(ratios)
     assert lo < statistics.median(ratios) < hi and hi - lo < 0.02
+
+
+@pytest.mark.parametrize("kind", ["random", "large", "rising", "falling", "dominant"])
+def test_input_distributions_shape_the_scores_as_named(kind):
+    """flashtile/bench/inputs.py: the scores (softmax_scale 1/sqrt(D)) of each distribution: rising has each row's
+    last keys tens of nats above its first, falling the reverse, dominant one key far above the rest, large scores
+    several times random's; GQA shapes."""
+    from flashtile.bench import inputs
+    torch.manual_seed(0)
+    q, k, v = inputs.make(kind, 2, 256, 4, 64, device="cpu", dtype=torch.float32, nheads_k=2)
+    assert q.shape == (2, 256, 4, 64) and k.shape == v.shape == (2, 256, 2, 64)
+    s = torch.einsum("bihd,bjhd->bhij", q[:, :, :2], k) / 8  # [batch, head, query, key]
+    first, last = s[..., :32].amax(-1), s[..., -32:].amax(-1)
+    spread = s.std().item()
+    if kind == "rising":
+        assert (last - first).min() > 30
+    elif kind == "falling":
+        assert (first - last).min() > 30
+    elif kind == "dominant":
+        others = torch.cat([s[..., :128], s[..., 129:]], -1).amax(-1)
+        assert (s[..., 128] - others).mean() > 45 and (s[..., 128] - others).min() > 20
+    elif kind == "large":
+        assert spread > 8
+    else:
+        assert 0.5 < spread < 2 and (last - first).abs().mean() < 2
+    with pytest.raises(ValueError, match="inputs"):
+        inputs.make("uniform", 1, 8, 1, 8, device="cpu")
+
+
+def test_table_has_a_row_per_input_distribution_and_names_gqa_heads():
+    shape = dict(head_dim=128, causal=False, seqlen=8192, batch=2, nheads=32, nheads_k=8)
+    rows = [dict(shape, inputs=kind, peer=peer, tflops=t) for kind, peer, t in
+            (("random", "flashtile", 600.0), ("random", "cuDNN", 500.0), ("rising", "flashtile", 300.0),
+             ("rising", "cuDNN", 500.0))]
+    lines = table(rows, ["flashtile", "cuDNN"]).splitlines()[2:]
+    assert lines == ["| 128 | no | 8192 | 2×32/8 | random | 600 | 500 | 1.20 |",
+                     "| 128 | no | 8192 | 2×32/8 | rising | 300 | 500 | 0.60 |"]
+
+
+def test_grid_adds_the_gqa_shape_and_each_distribution():
+    from flashtile.bench.__main__ import grid
+    shapes = list(grid([1024], [128], [True], ["random", "rising"], gqa=True))
+    assert [(s["inputs"], s["seqlen"], s["nheads"], s["nheads_k"]) for s in shapes] == [
+        ("random", 1024, 16, 16), ("random", 8192, 32, 8), ("rising", 1024, 16, 16), ("rising", 8192, 32, 8)]

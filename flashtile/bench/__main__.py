@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from . import require_gpu
-from .peers import FORWARD
+from . import inputs, require_gpu
+from .peers import DEFAULT_PEERS, FORWARD
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -102,12 +102,18 @@ def warm_gpu(seconds):
         torch.cuda.synchronize()
 
 
-def grid(seqlens, head_dims, causals):
-    for head_dim in head_dims:
-        for causal in causals:
-            for seqlen in seqlens:
-                yield dict(batch=max(1, TOKENS // seqlen), seqlen=seqlen, nheads=HIDDEN // head_dim,
-                           head_dim=head_dim, causal=causal)
+def grid(seqlens, head_dims, causals, inputs=("random", ), gqa=False):
+    """The shapes: B·N = 16k, H·D = 2048 over ``seqlens`` × ``head_dims`` × ``causals`` × ``inputs`` (bench/inputs.py);
+    with ``gqa`` also B=2, N=8k, 32 query heads over 8 KV heads, D=128."""
+    for kind in inputs:
+        for head_dim in head_dims:
+            for causal in causals:
+                for seqlen in seqlens:
+                    yield dict(batch=max(1, TOKENS // seqlen), seqlen=seqlen, nheads=HIDDEN // head_dim,
+                               nheads_k=HIDDEN // head_dim, head_dim=head_dim, causal=causal, inputs=kind)
+            if gqa:
+                for causal in causals:
+                    yield dict(batch=2, seqlen=8192, nheads=32, nheads_k=8, head_dim=128, causal=causal, inputs=kind)
 
 
 def run_grid(shapes, peers, warmup, rep, rounds, backward):
@@ -117,7 +123,7 @@ def run_grid(shapes, peers, warmup, rep, rounds, backward):
     rows = []
     for shape in progress(shapes, "forward grid"):
         b, n, h, d, causal = shape["batch"], shape["seqlen"], shape["nheads"], shape["head_dim"], shape["causal"]
-        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = inputs.make(shape["inputs"], b, n, h, d, nheads_k=shape["nheads_k"])
         flops = fwd_flops(b, h, n, n, d, causal)
         modes = ("fwd", "fwdbwd") if backward else ("fwd",)
         best = best_of_turns({(peer, mode): functools.partial(time_peer, FORWARD[peer], causal, q, k, v, warmup, rep,
@@ -130,7 +136,7 @@ def run_grid(shapes, peers, warmup, rep, rounds, backward):
                 total, bwd_error = best[(peer, "fwdbwd")]
                 bwd_ms = total - ms if total and ms else None
                 row.update(fwdbwd_ms=total, bwd_ms=bwd_ms, bwd_tflops=2.5 * flops / bwd_ms / 1e9 if bwd_ms else None,
-                           bwd_error=bwd_error)
+                           fwdbwd_tflops=3.5 * flops / total / 1e9 if total else None, bwd_error=bwd_error)
             rows.append(row)
         del q, k, v
     return rows
@@ -157,20 +163,27 @@ def memory_sweep(seqlens, peers=("flashtile", "naive"), nheads=16, head_dim=128,
     return rows
 
 
+def _shape_key(r):
+    return (r["head_dim"], r["causal"], r["seqlen"], r["batch"], r["nheads"], r.get("nheads_k") or r["nheads"],
+            r.get("inputs", "random"))
+
+
 def table(rows, peers, key="tflops", error_key="error"):
-    """Markdown: one line per shape, TFLOP/s per peer, flashtile over the best other library (its own variants,
-    "flashtile (...)", are not peers)."""
-    lines = ["| D | causal | N | B×H | " + " | ".join(peers) + " | ours / best peer |",
-             "|---" * (len(peers) + 5) + "|"]
-    keys = sorted({(r["head_dim"], r["causal"], r["seqlen"], r["batch"], r["nheads"]) for r in rows})
-    for d, causal, n, b, h in keys:
-        cells = {r["peer"]: r for r in rows if (r["head_dim"], r["causal"], r["seqlen"]) == (d, causal, n)}
+    """Markdown: one line per shape (and input distribution), TFLOP/s per peer, flashtile over the best other library
+    (its own variants, "flashtile (...)", are not peers)."""
+    lines = ["| D | causal | N | B×H | inputs | " + " | ".join(peers) + " | ours / best peer |",
+             "|---" * (len(peers) + 6) + "|"]
+    for shape in sorted({_shape_key(r) for r in rows}):
+        d, causal, n, b, h, h_k, inputs = shape
+        cells = {r["peer"]: r for r in rows if _shape_key(r) == shape}
         shown = [f"{cells[p][key]:.0f}" if cells.get(p, {}).get(key) else
                  (cells.get(p, {}).get(error_key) or "–")[:12] for p in peers]
         others = [cells[p][key] for p in peers if not p.startswith("flashtile") and cells.get(p, {}).get(key)]
         ours = cells.get("flashtile", {}).get(key)
         ratio = f"{ours / max(others):.2f}" if ours and others else "–"
-        lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {b}×{h} | " + " | ".join(shown) + f" | {ratio} |")
+        heads = f"{b}×{h}" if h_k == h else f"{b}×{h}/{h_k}"
+        lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {heads} | {inputs} | " + " | ".join(shown)
+                     + f" | {ratio} |")
     return "\n".join(lines)
 
 
@@ -187,6 +200,9 @@ def plot(rows, peers, path, key="tflops", what="forward"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    rows = [r for r in rows if r.get("inputs", "random") == "random" and r.get("nheads_k", r["nheads"]) == r["nheads"]]
+    if not rows:
+        return
     panels = sorted({(r["head_dim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (d, causal) in zip(axes[0], panels):
@@ -210,7 +226,10 @@ def main(argv=None):
     parser.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
-    parser.add_argument("--peers", nargs="+", default=list(FORWARD), choices=list(FORWARD))
+    parser.add_argument("--inputs", nargs="+", default=["random"], choices=inputs.KINDS,
+                        help="input distributions (flashtile/bench/inputs.py)")
+    parser.add_argument("--gqa", action="store_true", help="also B=2, N=8k, 32 query / 8 KV heads, D=128")
+    parser.add_argument("--peers", nargs="+", default=DEFAULT_PEERS, choices=list(FORWARD))
     parser.add_argument("--memory-seqlens", type=int, nargs="*",
                         default=[4096, 8192, 16384, 32768, 65536, 131072])
     parser.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms")
@@ -225,8 +244,8 @@ def main(argv=None):
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     started = time.time()
     warm_gpu(args.warm_gpu)
-    rows = run_grid(list(grid(args.seqlens, args.head_dims, causals)), args.peers, args.warmup, args.rep,
-                    args.rounds, args.backward)
+    rows = run_grid(list(grid(args.seqlens, args.head_dims, causals, args.inputs, args.gqa)), args.peers, args.warmup,
+                    args.rep, args.rounds, args.backward)
     mem = memory_sweep(args.memory_seqlens) if args.memory_seqlens else []
     if args.memory_seqlens and args.backward:
         mem += memory_sweep([n for n in args.memory_seqlens if n <= 32768], backward=True)
@@ -238,6 +257,8 @@ def main(argv=None):
     if args.backward:
         bwd_table = table(rows, args.peers, "bwd_tflops", "bwd_error")
         report += f"\nBackward ((fwd+bwd) - fwd, 2.5x forward FLOPs):\n\n{bwd_table}\n"
+        step_table = table(rows, args.peers, "fwdbwd_tflops", "bwd_error")
+        report += f"\nForward + backward (3.5x forward FLOPs over the whole step):\n\n{step_table}\n"
     for backward in (False, True):
         part = [r for r in mem if r["backward"] == backward]
         if part:

@@ -1,21 +1,28 @@
 """The attention implementations users pick today. Each entry makes (prepare, run): ``prepare`` turns
 flash-attn layout (batch, seqlen, nheads, headdim) inputs into fresh leaf tensors in the peer's own
 layout, outside the timed call; ``run(q, k, v)`` is what gets timed."""
+from dataclasses import replace
+
 import torch.nn.functional as F
 
 from .. import reference
 
 
-def flashtile_fwd(causal, backend="auto", bwd_backend="auto"):
+def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None):
     """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND);
-    ``bwd_backend`` is the backward the following .backward() runs (configs.BWD_BACKEND, left set)."""
+    ``bwd_backend`` is the backward the following .backward() runs (configs.BWD_BACKEND, left set), and
+    ``single_pass`` (None: as shipped) the sm90 backward's design (configs.HopperBwdConfig.single_pass, left set)."""
     from .. import configs, flash_attn_func
+    shipped = dict(configs.BWD_HOPPER)
+    table = shipped if single_pass is None else {key: replace(c, single_pass=single_pass)
+                                                 for key, c in shipped.items()}
 
     def prepare(q, k, v):
         return q.detach(), k.detach(), v.detach()
 
     def run(q, k, v):
         configs.BWD_BACKEND = bwd_backend
+        configs.BWD_HOPPER = table
         saved, configs.FWD_BACKEND = configs.FWD_BACKEND, backend
         try:
             return flash_attn_func(q, k, v, causal=causal)
@@ -56,6 +63,19 @@ def flex_fwd(causal):
                                              enable_gqa=q.shape[1] != k.shape[1])
 
 
+def fa4_fwd(causal):
+    """flash-attn-4 (CuTe DSL), where installed (its wheels on the device: see docs/perf.md)."""
+    from flash_attn.cute.interface import flash_attn_func as fa4
+
+    def prepare(q, k, v):
+        return q.detach(), k.detach(), v.detach()
+
+    def run(q, k, v):
+        out = fa4(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    return prepare, run
+
+
 def naive_fwd(causal):
     def prepare(q, k, v):
         return q.detach(), k.detach(), v.detach()
@@ -66,9 +86,15 @@ FORWARD = {
     "flashtile": flashtile_fwd,
     "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable", "portable"),
     "flashtile (hopper bwd)": lambda causal: flashtile_fwd(causal, "auto", "hopper"),
+    "flashtile (bwd single pass)": lambda causal: flashtile_fwd(causal, "auto", "auto", True),
+    "flashtile (bwd two kernels)": lambda causal: flashtile_fwd(causal, "auto", "auto", False),
+    "FA4": fa4_fwd,
     "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
     "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),
     "mem-efficient": lambda causal: sdpa_fwd("EFFICIENT_ATTENTION", causal),
     "FlexAttention": flex_fwd,
     "naive": naive_fwd,
 }
+
+# What the bench runs unless --peers says otherwise: flashtile as shipped and every peer a user can pick.
+DEFAULT_PEERS = ["flashtile", "FA4", "cuDNN", "FA2 (SDPA flash)", "FlexAttention", "mem-efficient", "naive"]
