@@ -144,17 +144,20 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
                 config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs)
 
 
-def compile_hopper_bwd(causal):
-    """The Gluon dK/dV kernel (kernels/bwd_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd."""
+def compile_hopper_bwd(causal, single_pass=False):
+    """The Gluon dK/dV kernel (kernels/bwd_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd; with ``single_pass``
+    handing dS·K to the copy engine's reduce-add into a float32 dQ."""
     import torch
     from flashtile.kernels import bwd_hopper
     q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16)
     k, v = (torch.empty(2, 1024, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.empty(2, 8, 1024)
+    config = configs.BWD_HOPPER[(128, causal)]
+    dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config)) if single_pass else None
     grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, torch.empty_like(k), torch.empty_like(v), lse, lse, 0.1,
-                                                causal)
-    return dict(_compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs), head_dim=128, config=[],
-                causal=causal)
+                                                causal, True, config, dq_acc)
+    row = _compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs)
+    return dict(row, head_dim=128, config=[], causal=causal, single_pass=single_pass)
 
 
 def compile_hopper_dq(causal, config=None):
@@ -209,7 +212,8 @@ def _compile_gluon(kernel, args, kwargs):
                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
                 local=int(spills.group(1)) if spills else -1,
-                tma_reduce=0, setmaxnreg=ptx.count("setmaxnreg"), serialized="serialized" in report,
+                tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"), setmaxnreg=ptx.count("setmaxnreg"),
+                serialized="serialized" in report, atomics=ptx.count("atom.global") + ptx.count("red.global"),
                 mbarrier_reuse=mbarrier_reuse(ptx),
                 global_stores={"all": ptx.count("st.global"), "v2": ptx.count("st.global.v2"),
                                "v4": ptx.count("st.global.v4")})

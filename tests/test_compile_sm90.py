@@ -94,9 +94,9 @@ def _compiled_rows(rows_expr):
     return json.loads(result.stdout)
 
 
-def _gluon_backward_rows(function):
-    """scripts/compile_sm90.py's ``function`` for non-causal and causal."""
-    rows = _compiled_rows(f"[compile_sm90.{function}(c) for c in (False, True)]")
+def _gluon_backward_rows(function, extra=""):
+    """scripts/compile_sm90.py's ``function`` for non-causal and causal (``extra``: more arguments)."""
+    rows = _compiled_rows(f"[compile_sm90.{function}(c{extra}) for c in (False, True)]")
     for row in rows:
         assert row["setmaxnreg"] > 0 and not row["serialized"] and not row["mbarrier_reuse"], row
         assert row["tma_loads"] > 0 and row["shared"] <= SM90_SHARED_LIMIT, row
@@ -109,6 +109,16 @@ def test_hopper_backward_compiles_for_sm90():
     the diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md)."""
     for row in _gluon_backward_rows("compile_hopper_bwd"):
         assert row["wgmma"] == 48 and row["local"] <= 240, row  # 2 consumers x (8 + 8 + 4 + 4) k-steps
+        assert row["atomics"] == row["tma_reduce"] == 0, row
+
+
+def test_hopper_single_pass_backward_compiles_for_sm90():
+    """kernels/bwd_hopper.py in one pass: each consumer adds dS K for its 64 of dQ's columns over both consumers'
+    keys (two more products), handed to the copy engine as one [128, 32] float32 box, no atomics; wgmma asynchronous;
+    ptxas spills 220 bytes non-causal, 308 causal (the shipped configs run it non-causal only)."""
+    for row in _gluon_backward_rows("compile_hopper_bwd", ", True"):
+        assert row["wgmma"] == 64 and row["local"] <= 320, row  # 2 consumers x (8 + 8 + 4 + 4 + 2 x 4) k-steps
+        assert row["tma_reduce"] == 2 and row["atomics"] == 0, row
 
 
 def test_hopper_dq_compiles_for_sm90():

@@ -265,7 +265,7 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
     monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
                         _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
     dq_hopper = configs.HopperDqConfig(block_n=128) if dq_kernel == "gluon" else None
-    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper) for key, c in configs.BWD_HOPPER.items()}
+    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper, single_pass=False) for key, c in configs.BWD_HOPPER.items()}
     monkeypatch.setattr(configs, "BWD_HOPPER", table)
     q, dout, out = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -313,3 +313,46 @@ def test_schedule_model_takes_every_tile_once():
     import fwd_schedule_model
     fwd_schedule_model.check_bijection()
     assert fwd_schedule_model.busiest(2048, 256, 192, False, 2) < fwd_schedule_model.busiest(2048, 256, 192, False, 0)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
+    """configs.HopperBwdConfig.single_pass: delta and a zeroed float32 dQ (head-major, whole Q tiles) by one launch,
+    then the dK/dV kernel handing dS·K to the copy engine's reduce into that dQ, then dQ cast into the caller's
+    tensor; deterministic=True keeps the two kernels without atomics."""
+    from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper
+    calls = []
+
+    def preprocess(*args, **kwargs):
+        calls.append(("preprocess", args, kwargs))
+        return torch.zeros(args[2].shape), torch.zeros(kwargs["zeroed"])
+    monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
+    monkeypatch.setattr(bwd, "launch_dq_cast", lambda *args: calls.append(("cast", args, {})))
+    monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
+                        _Recorder("dkdv", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
+    monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
+                        _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
+    table = {key: dataclasses.replace(c, single_pass=True) for key, c in configs.BWD_HOPPER.items()}
+    monkeypatch.setattr(configs, "BWD_HOPPER", table)
+    q, dout, out = (torch.randn(2, 200, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 200)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, deterministic)
+    if deterministic:
+        assert [c[0] for c in calls] == ["dq", "dkdv"]
+        assert not calls[1][2]["DQ_REDUCE"]
+        return
+    assert [c[0] for c in calls] == ["preprocess", "dkdv", "cast"]
+    block_m = table[(128, causal)].block_m
+    assert calls[0][2]["zeroed"] == (2, 4, -(-200 // block_m) * block_m, 128)
+    named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
+    dq_acc = calls[2][1][0]  # what the cast reads: the preprocess's zeroed tensor
+    assert calls[1][2]["DQ_REDUCE"] and dq_acc.shape == calls[0][2]["zeroed"]
+    desc = named["dQacc"]  # the reduce's view of it: rows of 32 floats, a [128, 32] box per warpgroup and step
+    assert desc.base.data_ptr() == dq_acc.data_ptr() and desc.shape == [dq_acc.numel() // 32, 32]
+    assert desc.block_shape == [128, 32]
+    assert named["stride_dqb"] == dq_acc.stride(0) // 32 and named["stride_dqh"] == dq_acc.stride(1) // 32
+    assert calls[2][1][1] is grads[0] and calls[2][1][2] == 0.1

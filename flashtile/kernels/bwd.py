@@ -25,9 +25,12 @@ def _row_dot(o, do):
 
 
 @triton.jit
-def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stride_oh, stride_db, stride_dn,
-                          stride_dh, stride_lb, stride_lh, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
-                          HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
+def bwd_preprocess_kernel(O, dO, Delta, dQacc, cu_seqlens_q, stride_ob, stride_on, stride_oh, stride_db, stride_dn,
+                          stride_dh, stride_lb, stride_lh, stride_zb, stride_zn, stride_zh, zero_rows, seqlen_q, nheads,
+                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                          IS_VARLEN: tl.constexpr, ZERO_DQ: tl.constexpr):
+    """delta of BLOCK_M rows of one head; with ZERO_DQ, also zeros for the same rows (up to zero_rows) of the
+    float32 dQ that atomics add into after."""
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads).to(tl.int64)
     h = (pid_bh % nheads).to(tl.int64)
@@ -40,6 +43,26 @@ def bwd_preprocess_kernel(O, dO, Delta, cu_seqlens_q, stride_ob, stride_on, stri
     do = tl.load(dO + b * stride_db + rows[:, None] * stride_dn + h * stride_dh + offs_d[None, :], mask=mask)
     delta = _row_dot(o, do)  # [BLOCK_M]
     tl.store(Delta + b * stride_lb + h * stride_lh + rows, delta, mask=offs_m < seqlen_q)
+    if ZERO_DQ:
+        tl.store(dQacc + b * stride_zb + offs_m[:, None] * stride_zn + h * stride_zh + offs_d[None, :],
+                 tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32), mask=(offs_m < zero_rows)[:, None])
+
+
+@triton.jit
+def dq_cast_kernel(dQacc, dQ, stride_ab, stride_ah, stride_qb, stride_qn, stride_qh, seqlen_q, nheads, scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dQ = scale · dQacc in dQ's dtype, for one 64-row Q tile of one head. dQacc holds each tile's 64-column halves
+    in the order the sm90 single-pass kernel's threads wrote them (kernels/bwd_hopper.py, dq_tile_order)."""
+    b = (tl.program_id(1) // nheads).to(tl.int64)
+    h = (tl.program_id(1) % nheads).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, 64)
+    tile = dQacc + b * stride_ab + h * stride_ah + tl.program_id(0).to(tl.int64) * (BLOCK_M * HEAD_DIM)
+    for half in tl.static_range(HEAD_DIM // 64):
+        acc = tl.load(tile + half * 4096 + tl.arange(0, 4096))  # [4096] in the threads' order
+        acc = tl.reshape(tl.permute(tl.reshape(acc, [8, 4, 8, 4, 2, 2]), (1, 4, 2, 0, 3, 5)), [BLOCK_M, 64])
+        tl.store(dQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + half * 64 + offs_d[None, :],
+                 (acc * scale).to(dQ.dtype.element_ty), mask=(offs_m < seqlen_q)[:, None])
 
 
 @triton.jit
@@ -270,17 +293,31 @@ def flash_bwd_kernel(
                     DELTA_HERE, SOFTCAP, HAS_ALIBI)
 
 
-def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q):
-    """delta = rowsum(dO ∘ O), shaped like lse."""
+def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None):
+    """delta = rowsum(dO ∘ O), shaped like lse; with ``zeroed`` (batch mode, a shape (batch, nheads, rows,
+    head_dim_pad)), (delta, a float32 tensor of that shape filled with zeros by the same launch)."""
     nheads, head_dim = out.shape[-2], out.shape[-1]
     is_varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
     lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
     delta = torch.empty_like(lse)
-    bwd_preprocess_kernel[(cdiv(seqlen_q, 64), batch * nheads)](
-        out, dout, delta, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, seqlen_q, nheads,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen)
-    return delta
+    zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
+    zero_rows = 0 if zeros is None else zeros.shape[2]
+    bwd_preprocess_kernel[(cdiv(max(seqlen_q, zero_rows), 64), batch * nheads)](
+        out, dout, delta, zeros, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides,
+        *((zeros.stride(0), zeros.stride(2), zeros.stride(1)) if zeros is not None else (0, 0, 0)), zero_rows,
+        seqlen_q, nheads, HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen, ZERO_DQ=zeros is not None)
+    return delta if zeros is None else (delta, zeros)
+
+
+def launch_dq_cast(dq_acc, dq, scale):
+    """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, headdim / 64, 64 · 64
+    in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape)."""
+    batch, seqlen, nheads, head_dim = dq.shape
+    dq_cast_kernel[(cdiv(seqlen, 64), batch * nheads)](
+        dq_acc, dq, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale, HEAD_DIM=head_dim,
+        BLOCK_M=64, num_warps=4)
 
 
 def _strides(t):

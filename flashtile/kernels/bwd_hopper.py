@@ -6,22 +6,44 @@ them in registers). A loader warp streams the Q and dO tiles (64 rows) of every 
 through a ring of shared-memory stages with TMA. For each Q tile a consumer issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 together as asynchronous wgmma, runs the exponentials of Pᵀ while dPᵀ is on the tensor cores, then
 dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal or past
-the keys are masked. dQ is left to a kernel launched first, which also writes delta = rowsum(dO ∘ O) for
-this one: the Gluon dQ kernel (kernels/bwd_dq_hopper.py) or the portable kernel's Q-tile programs
-(kernels/bwd.py); neither uses atomics.
+the keys are masked.
+
+dQ, two designs (configs.HopperBwdConfig.single_pass):
+- one pass (DQ_REDUCE): both consumers store their dSᵀ in shared memory, and each computes 64 of the Q tile's dQ
+  columns over all 128 keys (dS K, two more products) and hands them to the copy engine, which adds them into a
+  float32 dQ in L2 (cp.reduce.async.bulk.tensor; not bitwise reproducible). A preprocess launch writes delta and
+  zeroes that dQ first, a cast launch scales it into dq after (kernels/bwd.py);
+- two kernels: dQ by a kernel launched first, which also writes delta = rowsum(dO ∘ O) for this one: the Gluon
+  dQ kernel (kernels/bwd_dq_hopper.py) or the portable kernel's Q-tile programs (kernels/bwd.py); neither uses
+  atomics, so ``deterministic=True`` takes this design.
 
 Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (fwd_hopper._layout):
 rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
 LSE = +inf (P = 0).
 """
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from .fwd_hopper import _descriptor, _layout, _smem_layout, _view, register_operand_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
+
+
+# The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
+DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """The copy engine adds the shared-memory tile ``src`` into the tensor at ``coord`` (cp.reduce.async.bulk.tensor);
+    completes like tma.async_copy_shared_to_global (tma.store_wait). Triton 3.6's Gluon has the op but no wrapper."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -69,15 +91,43 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_free, dK, dV, LSE,
-              Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn,
-              stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr):
+def _dq_products(ds_smem, k_smem, ds_ready, t, half: gl.constexpr, dq_zero, DQ_COLS: gl.constexpr):
+    """dQ of step t's Q tile, columns [half·DQ_COLS, +DQ_COLS), over both warpgroups' keys, issued asynchronously
+    once both have stored their dS of that step."""
+    pair = (t % 2) * 2
+    mbarrier.wait(ds_ready.index(t % 2), (t // 2) & 1)
+    dq = warpgroup_mma(ds_smem.index(pair).permute((1, 0)), k_smem.index(0).slice(half * DQ_COLS, DQ_COLS, dim=1),
+                       dq_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(ds_smem.index(pair + 1).permute((1, 0)),
+                         k_smem.index(1).slice(half * DQ_COLS, DQ_COLS, dim=1), dq, is_async=True)
+
+
+@gluon.jit
+def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
+    """Hands this warpgroup's [64, 64] share of one Q tile's dQ to the copy engine, which adds it into dQacc at
+    ``row`` (rows of 32 floats). The tile travels in the order the threads hold it (dq_tile_order): each thread
+    writes 16-byte runs, a warp 512 contiguous bytes, one box of [128, 32] floats."""
+    y = gl.reshape(dq, [4, 2, 8, 8, 4, 2])  # [BLOCK_M, 64] as (warp, row bit 3, lane / 4, col / 8, lane % 4, col % 2)
+    y = gl.reshape(gl.permute(y, (3, 0, 2, 4, 1, 5)), [128, 32])
+    dq_buf = dq_smem.index(half)
+    tma.store_wait(0)  # the copy engine has read the previous tile
+    dq_buf.store(y)
+    fence_async_shared()
+    tma_reduce_add(dQacc, [row, 0], dq_buf)
+
+
+@gluon.jit
+def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready, dK, dV,
+              dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+              stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+              diag, group, qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2
+    dq_layout: gl.constexpr = wgmma_layout(DQ_COLS)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = q_smem.dtype
     start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
@@ -89,6 +139,9 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_rea
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
     dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    if DQ_REDUCE:
+        gl.static_assert((BLOCK_M == 64) & (DQ_COLS == 64), "_dq_reduce's tile order is for 64 x 64 tiles")
     mbarrier.wait(kv_bar, 0)
     lo, hi = _q_tiles(start_n, seqlen_q, diag, BLOCK_M, CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
@@ -115,11 +168,25 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_rea
         else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
             p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
-        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
-        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), op_layout), q_tile, dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        if DQ_REDUCE:  # dQ = dS K over both warpgroups' keys; this one takes columns [half·DQ_COLS, +DQ_COLS)
+            ds_smem.index((t % 2) * 2 + half).store(ds_t)  # rewritten two steps on, after both read it
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ds_ready.index(t % 2))
+            dq = _dq_products(ds_smem, k_smem, ds_ready, t, half, dq_zero, DQ_COLS)
+            dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
+            dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dq: [BLOCK_M, DQ_COLS], handed on under dK's product
+            tile_row = b * stride_dqb + h * stride_dqh + (lo + t % (hi - lo)) * (BLOCK_M * HEAD_DIM // 32)
+            _dq_reduce(dq, dq_smem, dQacc, tile_row + half * 128, half)
+            dk = warpgroup_mma_wait(0, deps=(dk, ))
+        else:
+            dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
         mbarrier.arrive(q_free.index(stage))
+    if DQ_REDUCE:
+        tma.store_wait(0)
 
     # 32-bit offsets from a 64-bit base per tile: a [64, 128] tensor of 64-bit pointers alone is 128 registers
     rows = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
@@ -132,17 +199,23 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, kv_bar, q_rea
 
 
 @gluon.jit
-def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, Delta, nheads_k, q_rows_b, q_rows_h,
-                                 q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                 stride_dvn, stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group,
-                                 qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc, LSE, Delta, nheads_k, q_rows_b,
+                                 q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
+                                 stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb,
+                                 stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
+                                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr,
                                  REGS: gl.constexpr):
     """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    BUFS: gl.constexpr = 2 if DQ_REDUCE else 1
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BUFS, BLOCK_N // 2, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], q_desc.dtype))
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, 128, 32], DQ_TILE_LAYOUT)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -152,15 +225,19 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, D
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_free, dK, dV, LSE, Delta,
-                     nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn,
-                     stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_free, dK, dV, LSE, Delta,
-                     nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn,
-                     stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready, dK, dV, dQacc,
+                     LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                     stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                     seqlen_k, diag, group, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                     DQ_REDUCE)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready, dK, dV, dQacc,
+                     LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                     stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                     seqlen_k, diag, group, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                     DQ_REDUCE)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready,
                            do_ready, q_free, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
                            seqlen_q, seqlen_k, diag, group, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
@@ -177,9 +254,11 @@ def supports(q, k, v, dout, window_size):
             and _layout(dout, False) == _layout(q, False) and _layout(v, False) == _layout(k, False))
 
 
-def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None):
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
+                dq_acc=None):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
-    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag)."""
+    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag); ``dq_acc``
+    (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel)."""
     from .. import configs
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n
@@ -192,22 +271,54 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype)) for t, block in views]
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
-    args = (*descs, dk, dv, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0),
-            lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0, nheads // nheads_k,
-            softmax_scale * LOG2E.value, softmax_scale)
+    dq_arg = dq_acc if dq_acc is not None else lse
+    dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
+    if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is 128 of them, in dq_tile_order
+        dq_arg = _descriptor(dq_acc.view(-1, 32), [128, 32], DQ_TILE_LAYOUT.value)
+        dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
+    args = (*descs, dk, dv, dq_arg, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h,
+            k_rows_b, k_rows_h, k_col_h, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+            dv.stride(2), *dq_strides, lse.stride(0), lse.stride(1), seqlen_q, seqlen_k,
+            seqlen_k - seqlen_q if bottom_right else 0, nheads // nheads_k, softmax_scale * LOG2E.value, softmax_scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
-                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+                  DQ_REDUCE=dq_acc is not None, REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
 
-def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, config=None):
-    """Every gradient in two launches: first dQ, and delta of its rows in place of a preprocess launch (the
-    portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon dQ kernel with ``config.dq_hopper``),
-    then dK and dV here (``config`` a configs.HopperBwdConfig)."""
+def dq_tile_order(tile):
+    """[..., 64, 64] dQ tiles (query rows, one warpgroup's 64 columns) in the order _dq_reduce writes them: [..., 4096].
+    The cast (kernels/bwd.py, dq_cast_kernel) reads them back; tests check the two agree."""
+    lead = tile.shape[:-2]
+    y = tile.reshape(*lead, 4, 2, 8, 8, 4, 2)
+    n = len(lead)
+    return y.permute(*range(n), *(n + i for i in (3, 0, 2, 4, 1, 5))).reshape(*lead, 4096)
+
+
+def dq_acc_shape(q, config):
+    """The float32 dQ the single-pass kernel adds into, (batch, nheads, Q tiles, 2 halves of the columns, 64 · 64) in
+    dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, head dim)."""
+    return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
+
+
+def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
+                      config=None, dlse=None):
+    """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
+    added into a float32 dQ by atomics, then dQ cast; else two launches: first dQ, and delta of its rows in place of
+    a preprocess launch (the portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon dQ kernel with
+    ``config.dq_hopper``), then dK and dV here (``config`` a configs.HopperBwdConfig). ``dlse``, the LSE's gradient
+    (or None), takes the one pass whatever the config, with delta − dlse in place of delta."""
     from .. import configs
-    from .bwd import launch_bwd
+    from .bwd import launch_bwd, launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
+    if (config.single_pass or dlse is not None) and not deterministic:
+        delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config))
+        if dlse is not None:
+            delta = delta - dlse
+        grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right,
+                                         config, dq_acc)
+        flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
+        launch_dq_cast(dq_acc, dq, softmax_scale)
+        return
     delta = torch.empty_like(lse)
     if config.dq_hopper is not None:
         from .bwd_dq_hopper import launch_dq_hopper
