@@ -13,7 +13,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     keeps keys within left before and right after the diagonal (-1: unbounded).
     Returns out, or (out, softmax_lse [batch, nheads, seqlen_q], None) with ``return_attn_probs``.
     Differentiable: ``deterministic=True`` makes dQ, dK, dV bitwise reproducible (dQ gets its own pass
-    instead of atomics). The returned LSE takes no gradient (it comes detached). ``softcap`` > 0 caps the scores
+    instead of atomics), and so is the returned LSE (its gradient joins dQ, dK). ``softcap`` > 0 caps the scores
     at softcap · tanh(score / softcap); ``alibi_slopes`` (float32 (nheads,) or (batch, nheads)) adds
     −slope · |i + seqlen_k − seqlen_q − j| after it (both on the portable kernels).
     """
@@ -25,7 +25,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     checks.alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
                                    softcap=softcap, alibi_slopes=alibi_slopes)
-    return (out, lse.detach(), None) if return_attn_probs else out
+    return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -51,7 +51,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes)
-    return (out, lse.detach(), None) if return_attn_probs else out
+    return (out, lse, None) if return_attn_probs else out
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

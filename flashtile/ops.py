@@ -13,7 +13,7 @@ import triton
 
 from . import configs
 from .checks import interpreter_enabled
-from .kernels.bwd import launch_bwd
+from .kernels.bwd import launch_bwd, launch_preprocess
 from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
 from .kernels.fwd import launch_fwd
 from .kernels.new_tokens import launch_append, launch_rotary
@@ -126,9 +126,10 @@ def _hopper_config(q, k, v, window_size, seqlen_q=None):
 
 def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic,
                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None,
-                       softcap=0.0, alibi_slopes=None):
+                       softcap=0.0, alibi_slopes=None, dlse=None):
     """Gradients (dq, dk, dv), shaped like q, k, v. ``deterministic`` computes dQ in its own pass, with
-    no atomics, so that every gradient is bitwise reproducible."""
+    no atomics, so that every gradient is bitwise reproducible. ``dlse`` (shaped like lse, or None) is the
+    gradient reaching the LSE: since d lse_i / d s_ij = P_ij, it enters as delta − dlse wherever delta does."""
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
@@ -142,16 +143,21 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     if cu_seqlens_q is not None:
         _ensure_allocator(q.device)
-    if config is None and not softcap and alibi_slopes is None and _hopper_bwd(q, k, v, dout, window_size,
-                                                                                cu_seqlens_q):
+    if (config is None and not softcap and alibi_slopes is None and not (deterministic and dlse is not None)
+            and _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q)):
         from .kernels.bwd_hopper import launch_bwd_hopper
-        launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right)
+        launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right,
+                          deterministic, dlse=dlse)
         return dq, dk, dv
     if config is None:
         config = configs.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
+    delta = None
+    if dlse is not None:
+        seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
+        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q) - dlse
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config, softcap=softcap,
+               softmax_scale, window_size, bottom_right, deterministic, config, delta=delta, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))
     if cu_seqlens_q is not None:  # query rows past the last sequence
         launch_zero_unused_rows(dq, cu_seqlens_q)
@@ -195,10 +201,11 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
         bottom_right: bool, deterministic: bool, softcap: float = 0.0,
-        alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        alibi_slopes: Optional[torch.Tensor] = None,
+        dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
                               deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              softcap=softcap, alibi_slopes=alibi_slopes)
+                              softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse)
 
 
 @bwd.register_fake
@@ -212,22 +219,49 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.params = inputs[5:11] + inputs[12:]  # max_seqlen_q … bottom_right, deterministic, softcap, alibi_slopes
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params)
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse)
     return (dq, dk, dv) + (None, ) * 12
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _Attention(torch.autograd.Function):
+    """The same forward and backward as the ``fwd`` op, for eager calls: autograd without the custom op's dispatch
+    and checks, which cost more host time than a short step's kernels take (docs/perf.md, backward v5)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out, lse = _fwd_impl(*args)
+        ctx.save_for_backward(*args[:3], out, lse, *args[3:5])
+        ctx.params = args[5:11] + args[12:]
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        max_q, max_k, scale, left, right, bottom_right, deterministic, softcap, alibi = ctx.params
+        if dout is None:  # only the LSE took a gradient
+            dout = torch.zeros_like(out)
+        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, scale, (left, right), bottom_right, deterministic,
+                                        cu_seqlens_q, cu_seqlens_k, max_q, max_k, softcap=softcap,
+                                        alibi_slopes=alibi, dlse=dlse)
+        return (dq, dk, dv) + (None, ) * 12
+
+
 def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic=False, heads_first_out=False,
                     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
                     alibi_slopes=None):
-    """The differentiable attention every entry point calls: (out, lse). In eager mode with nothing to
-    differentiate it skips the op's dispatch (about 45 µs of Python per call) and runs the same kernel. A head dim
+    """The differentiable attention every entry point calls: (out, lse). torch.compile traces the ``fwd`` op; eager
+    calls run the same kernels without its dispatch (_Attention where something needs a gradient). A head dim
     that is not a multiple of 8 is padded with zeros, as flash-attn does (the same scores; O's extra columns are 0
     and are sliced off): a tensor descriptor needs 16-byte rows."""
     head_dim = q.shape[-1]
@@ -238,9 +272,10 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
         return out[..., :head_dim], lse
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size[0],
             window_size[1], bottom_right, heads_first_out, deterministic, softcap, alibi_slopes)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if needs_grad or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return fwd(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(*args)
     return _fwd_impl(*args)
 
 

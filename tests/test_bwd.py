@@ -198,15 +198,65 @@ def test_softcap_alibi_varlen():
         assert err <= 2 * (base.double() - ref).abs().max().item() + slack(ref, torch.float16)
 
 
-def test_returned_lse_carries_no_gradient():
-    """Its gradient is not propagated yet, so the LSE comes detached rather than silently dropping what flows into
-    it (out still takes its gradient)."""
-    q, k, v = (randn(1, 20, 2, 32, dtype=torch.float16).requires_grad_() for _ in range(3))
-    out, lse, _ = flashtile.flash_attn_func(q, k, v, return_attn_probs=True)
-    assert out.requires_grad and not lse.requires_grad
-    cu = torch.tensor([0, 20], dtype=torch.int32, device=DEVICE)
-    out, lse, _ = flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 20, 20, return_attn_probs=True)
-    assert out.requires_grad and not lse.requires_grad
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("uses", ["lse", "out+lse"])
+def test_lse_gradient(uses, causal, deterministic):
+    """The LSE is differentiable: a loss of the LSE alone, or of out and LSE, gives dQ, dK, dV within 2x of PyTorch's
+    own error against float64 autograd through the reference; GQA, Nq != Nk, a row with no key (causal: LSE = -inf
+    there, no gradient)."""
+    q = randn(2, 37, 4, 32, dtype=torch.float16)
+    k, v = (randn(2, 29, 2, 32, dtype=torch.float16) for _ in range(2))
+    dout = randn(2, 37, 4, 32, dtype=torch.float16) if uses == "out+lse" else None
+    assert_lse_gradients_close(q, k, v, dout, torch.randn(2, 4, 37, device=DEVICE), causal, deterministic)
+
+
+def assert_lse_gradients_close(q, k, v, dout, dlse, causal, deterministic):
+    """dQ, dK, dV of sum(out ∘ dout) + sum(lse · dlse) (no out term when dout is None) within 2x of PyTorch's own
+    error (the reference in the inputs' dtype) against float64 autograd through the reference."""
+    def loss_of(fn):
+        def loss(q, k, v):
+            out, lse = fn(q, k, v)
+            lse = torch.where(torch.isinf(lse), 0, lse)  # rows with no key: their LSE is -inf, its gradient 0
+            total = (lse.float() * dlse).sum()
+            return total if dout is None else total + (out.float() * dout.float()).sum()
+        return loss
+
+    def ours(q, k, v):
+        return flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
+                                         return_attn_probs=True)[:2]
+    got = _grads_of_loss(loss_of(ours), (q, k, v))
+    ref = _grads_of_loss(loss_of(lambda q, k, v: reference.attention(q, k, v, causal=causal)), (q, k, v), True)
+    base = _grads_of_loss(loss_of(lambda q, k, v: reference.attention(q, k, v, causal=causal, upcast=False)),
+                          (q, k, v))
+    for name, g, r, b in zip("qkv", got, ref, base):
+        err, base_err = (g.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
+        assert err <= 2 * base_err + 1e-2, (name, err, base_err)
+
+
+def _grads_of_loss(loss_fn, inputs, upcast=False):
+    leaves = [(t.double() if upcast else t).detach().clone().requires_grad_() for t in inputs]
+    grads = torch.autograd.grad(loss_fn(*leaves), leaves, allow_unused=True)  # the LSE alone does not use V
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
+
+
+def test_varlen_lse_gradient():
+    """The same through flash_attn_varlen_func: its LSE (nheads, total_q) takes a gradient per packed row."""
+    from flashtile.reference import attention_varlen
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32, device=DEVICE)
+    q, k, v = (randn(20, 2, 32, dtype=torch.float16) for _ in range(3))
+    dlse = torch.randn(2, 20, device=DEVICE)
+
+    def ours(q, k, v):
+        _, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 13, 13, causal=True, return_attn_probs=True)
+        return (lse * dlse).sum()
+    got = _grads_of_loss(ours, (q, k, v))
+    ref = _grads_of_loss(lambda q, k, v: (attention_varlen(q, k, v, cu, cu, causal=True)[1].double() * dlse).sum(),
+                         (q, k, v), True)
+    base = _grads_of_loss(lambda q, k, v: (attention_varlen(q, k, v, cu, cu, causal=True, upcast=False)[1]
+                                           * dlse).sum(), (q, k, v))
+    for g, r, b in zip(got, ref, base):
+        assert (g.double() - r).abs().max().item() <= 2 * (b.double() - r).abs().max().item() + 1e-2
 
 
 def test_deterministic_flag_is_bitwise_reproducible():
@@ -295,6 +345,30 @@ def test_dq_programs_that_write_delta(causal):
     with pytest.raises(ValueError, match="write_delta"):
         launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, 0.125, window, True, True, cfg,
                    delta=delta, write_delta=True)
+
+
+def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq():
+    """The launches around the sm90 single-pass backward: the preprocess writes delta and zeros over every row of
+    the float32 head-major dQ (rows rounded up to whole tiles, here 128 ≥ 77, on a NaN-filled buffer), and the cast
+    writes scale · dQacc (each tile's halves in the order the kernel's threads hold them) into a (batch, seqlen,
+    nheads, headdim) dQ, no row past seqlen."""
+    from flashtile.kernels import bwd
+    out, dout = (randn(2, 77, 3, 64, dtype=torch.float16) for _ in range(2))
+    lse = torch.randn(2, 3, 77)
+    real_empty = torch.empty
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+        delta, zeros = bwd.launch_preprocess(out, dout, lse, None, 77, zeroed=(2, 3, 128, 64))
+    assert torch.equal(zeros, torch.zeros(2, 3, 128, 64))
+    expected = (out.float() * dout.float()).sum(-1).transpose(1, 2)
+    torch.testing.assert_close(delta, expected, atol=1e-3, rtol=1e-3)
+    from flashtile.kernels.bwd_hopper import dq_tile_order
+    full = torch.randn(2, 3, 128, 128)  # (batch, head, two 64-row Q tiles, head dim 128)
+    acc = dq_tile_order(full.reshape(2, 3, 2, 64, 2, 64).transpose(3, 4)).reshape(2, 3, 128, 128)
+    assert not torch.equal(acc, full)
+    dq = torch.full((2, 77, 3, 128), float("nan"), dtype=torch.float16)
+    bwd.launch_dq_cast(acc, dq, 0.25)
+    assert torch.equal(dq, (full[:, :, :77] * 0.25).half().transpose(1, 2))
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
