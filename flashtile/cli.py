@@ -132,7 +132,7 @@ def main(argv=None):
     sub.add_parser("tune", help="the tile-config sweep (GPU); same as python -m flashtile.bench.tune")
     sub.add_parser("info", help="versions and device")
     p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")
-    p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "decode"], default="fa2")
+    p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "fa2_bwd", "decode"], default="fa2")
     p_viz.add_argument("--seqlen", type=_positive_int, default=8)
     p_viz.add_argument("--head-dim", type=_positive_int, default=4)
     p_viz.add_argument("--block-m", type=_positive_int, default=2)

@@ -28,6 +28,37 @@ def test_results_equal_reference(algo, sizes, causal):
         np.testing.assert_allclose(t.result["lse"], lse, rtol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sizes", [(8, 4, 2, 2), (7, 3, 2, 3), (9, 5, 4, 2)],
+                         ids=lambda s: "n{}-d{}-bm{}-bn{}".format(*s))
+def test_backward_equals_autograd_through_the_reference(sizes, causal):
+    """fa2_bwd's dQ, dK, dV (and the forward's out it starts from) against float64 autograd of the naive oracle."""
+    n, d, bm, bn = sizes
+    t = trace("fa2_bwd", n, d, bm, bn, causal)
+    q, k, v = (torch.from_numpy(t.result[name])[None, :, None].requires_grad_() for name in ("q", "k", "v"))
+    out, _ = reference.attention(q, k, v, causal=causal, bottom_right=False)
+    grads = torch.autograd.grad(out, (q, k, v), torch.from_numpy(t.result["dout"])[None, :, None])
+    np.testing.assert_allclose(t.result["out"], out[0, :, 0].detach().numpy(), rtol=1e-10, atol=1e-12)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        np.testing.assert_allclose(t.result[name], g[0, :, 0].numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n, d, bm, bn", [(8, 4, 2, 2), (12, 4, 3, 3)])
+def test_fa2_backward_counts(n, d, bm, bn, causal):
+    """The FlashAttention-2 backward reads K, V and O once and writes dK, dV and D once; Q, dO, LSE and D are read
+    and dQ read and written once per (Q tile, K/V tile) pair that the mask leaves (dO once more for D)."""
+    t = trace("fa2_bwd", n, d, bm, bn, causal, itemsize=B)
+    tr, tc = -(-n // bm), -(-n // bn)
+    pairs = tr * (tr + 1) // 2 if causal else tr * tc  # square tiles when causal
+    assert t.bytes_read("K") == t.bytes_read("V") == t.bytes_read("O") == n * d * B
+    assert t.bytes_written("dK") == t.bytes_written("dV") == n * d * B
+    assert t.bytes_read("Q") == t.bytes_read("dQ") == t.bytes_written("dQ") == pairs * bm * d * B
+    assert t.bytes_read("dO") == n * d * B + pairs * bm * d * B
+    assert t.bytes_read("LSE") == t.bytes_read("D") == pairs * bm * B and t.bytes_written("D") == n * B
+    assert sum(1 for s in t.steps if s.kind == "skip") == tr * tc - pairs
+
+
 def test_online_softmax_equals_softmax():
     t = trace("softmax", 9, 4, 2, 4, causal=True)
     expected = torch.softmax(torch.from_numpy(t.result["x"]), -1).numpy()

@@ -53,7 +53,8 @@ def shown_counters(browser, tensors):
 
 
 @pytest.mark.parametrize("algo, causal", [("naive", False), ("softmax", True), ("fa1", False), ("fa1", True),
-                                          ("fa2", False), ("fa2", True), ("decode", False)])
+                                          ("fa2", False), ("fa2", True), ("fa2_bwd", False), ("fa2_bwd", True),
+                                          ("decode", False)])
 def test_page_steps_and_counts(browser, tmp_path, algo, causal):
     from selenium.webdriver.common.by import By
     t = trace(algo, seqlen=8, head_dim=4, block_m=2, block_n=2, causal=causal)
@@ -77,7 +78,7 @@ def test_page_steps_and_counts(browser, tmp_path, algo, causal):
     assert {n: {"read": read[n], "written": written[n]} for n in tensors} == {
         n: t.counters().get(n, {"read": 0, "written": 0}) for n in tensors}
     skips = [i for i, s in enumerate(t.steps) if s.kind == "skip"]
-    assert bool(skips) == (causal and algo in ("fa1", "fa2"))
+    assert bool(skips) == (causal and algo in ("fa1", "fa2", "fa2_bwd"))
     if skips:  # at a skip step the page shows that tile as skipped
         browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {skips[0] + 1};"
                                "s.dispatchEvent(new Event('input'));")

@@ -38,6 +38,18 @@ FA2_CODE = [
     "        l = l·exp(m − m_new) + rowsum(P);  acc = acc·exp(m − m_new) + P V_j;  m = m_new",
     "    O_i = acc / l;  store O_i and LSE_i = m + log l (once)",
 ]
+FA2_BWD_CODE = [
+    "preprocess, for each Q tile i: load O_i, dO_i;  D_i = rowsum(dO_i ∘ O_i);  store D_i",
+    "for each K/V tile j (one program each):",
+    "    load K_j, V_j;  dK = 0, dV = 0 (in registers)",
+    "    for each Q tile i (causal: only tiles that see K_j):",
+    "        load Q_i, dO_i, LSE_i, D_i",
+    "        S = Q_i K_jᵀ · scale (mask the diagonal tile);  P = exp(S − LSE_i)  (recomputed, never stored)",
+    "        dV += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P ∘ (dP − D_i)",
+    "        dK += dSᵀ Q_i · scale",
+    "        dQ_i += dS K_j · scale  (read and write dQ_i in HBM: other programs add to it too)",
+    "    store dK_j, dV_j (once)",
+]
 DECODE_CODE = [
     "for each split s of the KV cache (one program each, in parallel):",
     "    load q;  m = −inf, l = 0, acc = 0",
@@ -202,6 +214,57 @@ def fa2(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     return t
 
 
+def fa2_bwd(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
+    """The FlashAttention-2 backward: K/V-tile programs over the Q tiles that see them, P recomputed from the
+    forward's LSE, dK and dV in registers, dQ added into HBM."""
+    q, k, v = _inputs(seqlen, head_dim, seed)
+    dout = np.random.default_rng(seed + 1).standard_normal((seqlen, head_dim))
+    shapes = {name: (seqlen, head_dim) for name in ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")}
+    shapes.update(LSE=(seqlen, 1), D=(seqlen, 1))
+    tiles = {name: ((block_n if name in ("K", "V", "dK", "dV") else block_m), head_dim) for name in shapes}
+    tiles.update(LSE=(block_m, 1), D=(block_m, 1))
+    t = Trace("fa2_bwd", FA2_BWD_CODE, shapes, tiles, itemsize)
+    scale = 1 / math.sqrt(head_dim)
+    s_full = _mask(q @ k.T * scale, 0, 0, causal)  # the forward's result, as the backward finds it in HBM
+    lse = np.log(np.exp(s_full - s_full.max(1, keepdims=True)).sum(1)) + s_full.max(1)
+    out = np.exp(s_full - lse[:, None]) @ v
+    rows = _blocks(seqlen, block_m)
+    delta = np.zeros(seqlen)
+    for bi, (i0, i1) in enumerate(rows):
+        t.load("O", (bi, 0), i1 - i0, head_dim, f"Preprocess: load O tile {bi}.", 0)
+        t.load("dO", (bi, 0), i1 - i0, head_dim, f"Preprocess: load dO tile {bi}.", 0)
+        delta[i0:i1] = (dout[i0:i1] * out[i0:i1]).sum(1)
+        t.store("D", (bi, 0), i1 - i0, 1, f"Store D = rowsum(dO ∘ O) of tile {bi}: one float a row.", 0,
+                D=delta[i0:i1])
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for bj, (j0, j1) in enumerate(_blocks(seqlen, block_n)):
+        cols = j1 - j0
+        t.load("K", (bj, 0), cols, head_dim, f"Program {bj}: load K tile {bj} once.", 2)
+        t.load("V", (bj, 0), cols, head_dim, f"Load V tile {bj} once; dK, dV start at 0 in registers.", 2)
+        for bi, (i0, i1) in enumerate(rows):
+            if _future(i0, i1, j0, causal):
+                t.skip("Q", (bi, 0), f"Q tile {bi} cannot see K tile {bj} (causal): its work is skipped.", 3)
+                continue
+            r = i1 - i0
+            for name, width in (("Q", head_dim), ("dO", head_dim), ("LSE", 1), ("D", 1)):
+                t.load(name, (bi, 0), r, width, f"Load {name} tile {bi}.", 4)
+            p = np.exp(_mask(q[i0:i1] @ k[j0:j1].T * scale, i0, j0, causal) - lse[i0:i1, None])  # [r, cols]
+            t.compute("Recompute P from Q, K and the saved LSE: the N×N probabilities never reach HBM.", 5)
+            dv[j0:j1] += p.T @ dout[i0:i1]
+            ds = p * (dout[i0:i1] @ v[j0:j1].T - delta[i0:i1, None])
+            t.compute("dV += Pᵀ dO;  dS = P ∘ (dO Vᵀ − D).", 6)
+            dk[j0:j1] += ds.T @ q[i0:i1] * scale
+            t.compute("dK += dSᵀ Q · scale, still in registers.", 7, dK=dk[j0:j1])
+            t.load("dQ", (bi, 0), r, head_dim, f"Read dQ tile {bi}: every program that sees it adds to it.", 8)
+            dq[i0:i1] += ds @ k[j0:j1] * scale
+            t.store("dQ", (bi, 0), r, head_dim, f"Write dQ tile {bi} back (on a GPU: an atomic add).", 8,
+                    dQ=dq[i0:i1])
+        t.store("dK", (bj, 0), cols, head_dim, f"Store dK tile {bj}: its only write.", 9, dK=dk[j0:j1])
+        t.store("dV", (bj, 0), cols, head_dim, f"Store dV tile {bj}: its only write.", 9)
+    t.result = dict(q=q, k=k, v=v, dout=dout, out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    return t
+
+
 def decode(seqlen, head_dim, block_m, block_n, causal, seed, itemsize, splits=None):
     """One query token over a cache of ``seqlen`` keys split into chunks of whole K/V tiles."""
     _, k, v = _inputs(seqlen, head_dim, seed)
@@ -241,7 +304,7 @@ def decode(seqlen, head_dim, block_m, block_n, causal, seed, itemsize, splits=No
     return t
 
 
-ALGORITHMS = dict(naive=naive, softmax=softmax, fa1=fa1, fa2=fa2, decode=decode)
+ALGORITHMS = dict(naive=naive, softmax=softmax, fa1=fa1, fa2=fa2, fa2_bwd=fa2_bwd, decode=decode)
 
 
 def trace(algo, seqlen=8, head_dim=4, block_m=2, block_n=2, causal=False, seed=0, itemsize=2):
