@@ -7,6 +7,10 @@ import importlib
 _PUBLIC = {
     "flash_attn_func": "api",
     "flash_attn_varlen_func": "api",
+    "flash_attn_qkvpacked_func": "api",
+    "flash_attn_kvpacked_func": "api",
+    "flash_attn_varlen_qkvpacked_func": "api",
+    "flash_attn_varlen_kvpacked_func": "api",
     "scaled_dot_product_attention": "api",
     "flash_attn_with_kvcache": "api",
     "combine": "api",

@@ -54,6 +54,52 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse, None) if return_attn_probs else out
 
 
+def _unpack(name, packed, parts, layout):
+    """The ``parts`` tensors packed along the dim before the heads of ``packed`` (views: gradients reach it)."""
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")
+    ndim = layout.count(",") + 1
+    dim = ndim - 3
+    if packed.dim() != ndim or packed.shape[dim] != parts:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(packed.shape)}")
+    return packed.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), as flash-attn's; dqkv comes back packed."""
+    q, k, v = _unpack("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim), as flash-attn's."""
+    k, v = _unpack("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func on qkv (total, 3, nheads, headdim) with one cu_seqlens, as flash-attn's."""
+    q, k, v = _unpack("qkv", qkv, 3, "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim), as flash-attn's."""
+    k, v = _unpack("kv", kv, 2, "(total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """``torch.nn.functional.scaled_dot_product_attention`` on (batch, nheads, seqlen, headdim) tensors.
