@@ -1,0 +1,1 @@
+"""flashtile inside the frameworks users call attention through (transformers)."""

@@ -1,0 +1,97 @@
+"""flashtile in Hugging Face transformers, through its attention interface.
+
+    import flashtile.integrations.transformers as flashtile_hf
+    flashtile_hf.register()
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=flashtile_hf.NAME)  # or
+    model.set_attn_implementation(flashtile_hf.NAME)
+
+Every layer of a model that calls transformers' attention interface then runs on flashtile: ``attention`` takes the
+(batch, heads, seqlen, head_dim) tensors transformers passes, and the 2-D padding mask that ``register`` has
+transformers build for it (its flash-attention mask: None when nothing is padded). A padded batch, right or left
+padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad``); padding-free batches (the
+``cu_seq_lens_*`` keyword arguments, or position_ids that restart within one row) run packed as they come; causal
+models align their mask bottom-right, so generate()'s cached keys need no mask. GQA, sliding windows and softcap
+pass through. The name has no "flash" in it: transformers reads such names as kernels to fetch from its hub.
+"""
+import torch
+
+from .. import api
+
+NAME = "tile_attention"
+
+
+def register(name=NAME):
+    """Registers ``attention`` and its mask function with transformers under ``name``."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import flash_attention_mask
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+def unpad(x, mask):
+    """Rows of x (batch, seqlen, ...) where mask (batch, seqlen) is true, packed: (rows (total, ...), indices into the
+    flattened (batch · seqlen) rows, int32 cu_seqlens (batch + 1), the longest sequence, as an int: a host sync)."""
+    lengths = mask.sum(1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten()).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    return x.reshape(-1, *x.shape[2:])[indices], indices, cu_seqlens, int(lengths.max())
+
+
+def pad(rows, indices, batch, seqlen):
+    """The inverse of ``unpad``: rows back at their indices of a (batch, seqlen, ...) tensor, zeros elsewhere."""
+    out = rows.new_zeros(batch * seqlen, *rows.shape[1:])
+    out[indices] = rows
+    return out.reshape(batch, seqlen, *rows.shape[1:])
+
+
+def _packed_from_positions(position_ids):
+    """cu_seqlens (int32) and the longest length of the sequences packed in one row, where position ids restart at
+    0; None if they never restart (one sequence)."""
+    positions = position_ids.flatten()
+    starts = torch.nonzero(positions == 0).flatten()
+    if starts.numel() <= 1 and (starts.numel() == 0 or int(starts[0]) == 0):
+        return None
+    bounds = torch.cat([starts, torch.tensor([positions.numel()], device=positions.device)])
+    if int(bounds[0]) != 0:
+        bounds = torch.cat([torch.zeros(1, dtype=bounds.dtype, device=bounds.device), bounds])
+    return bounds.to(torch.int32), int(bounds.diff().max())
+
+
+def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, softcap=None,
+              is_causal=None, s_aux=None, **kwargs):
+    """transformers' attention-function contract: query (batch, heads, seqlen_q, head_dim), key and value (batch,
+    kv_heads, seqlen_k, head_dim), attention_mask the 2-D padding mask (batch, seqlen_k) or None; returns
+    (out (batch, seqlen_q, heads, head_dim), None)."""
+    if s_aux is not None:
+        raise NotImplementedError("flashtile does not take attention sinks (s_aux) yet; use "
+                                  "attn_implementation='sdpa' or 'eager' for this model")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (batch, seqlen, heads, head_dim)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window = (-1, -1)
+    if sliding_window is not None and k.shape[1] > sliding_window:  # transformers' flash convention
+        window = (sliding_window - 1, sliding_window - 1)
+    options = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
+                   softcap=softcap or 0.0)
+    batch, seqlen_q = q.shape[:2]
+    if attention_mask is not None:
+        mask = attention_mask.bool()
+        k_rows, k_index, cu_k, max_k = unpad(k, mask)
+        v_rows = v.reshape(-1, *v.shape[2:])[k_index]
+        q_rows, q_index, cu_q, max_q = unpad(q, mask[:, -seqlen_q:])  # the queries are the last keys
+        out = api.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options)
+        return pad(out, q_index, batch, seqlen_q), None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    packed = None
+    if cu_q is not None and cu_k is not None:
+        packed = (cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs.get("max_length_q"), kwargs.get("max_length_k"))
+    elif batch == 1 and seqlen_q > 1 and kwargs.get("position_ids") is not None:
+        found = _packed_from_positions(kwargs["position_ids"])
+        if found is not None and seqlen_q == k.shape[1]:
+            packed = (found[0], found[0], found[1], found[1])
+    if packed is not None:
+        cu_q, cu_k, max_q, max_k = packed
+        flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
+        out = api.flash_attn_varlen_func(*flat, cu_q, cu_k, max_q, max_k, **options)
+        return out.reshape(batch, seqlen_q, *out.shape[1:]), None
+    return api.flash_attn_func(q, k, v, **options), None

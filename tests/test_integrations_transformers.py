@@ -1,0 +1,120 @@
+"""flashtile.integrations.transformers: tiny random-weight models run every layer on flashtile and match the same
+weights on transformers' sdpa: logits over padded (right and left), packed and plain batches, loss and gradients,
+and greedy generate() tokens. float32 on the CPU tier (flashtile's float32 is exact), bf16 on the GPU."""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import flashtile.integrations.transformers as flashtile_hf  # noqa: E402
+from helpers import DEVICE  # noqa: E402
+
+flashtile_hf.register()
+
+
+def tiny(kind="llama", **overrides):
+    """A random model of ``kind`` (GQA: 4 query heads over 2 KV heads), on sdpa (gemma2: eager, its only other) and
+    on flashtile, same weights."""
+    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**base, **overrides)
+        cls = transformers.LlamaForCausalLM
+    elif kind == "mistral":  # a sliding window shorter than the prompts
+        config = transformers.MistralConfig(**base, sliding_window=5, **overrides)
+        cls = transformers.MistralForCausalLM
+    else:  # gemma2: softcap on the attention logits, sliding-window layers
+        config = transformers.Gemma2Config(**base, head_dim=16, sliding_window=6, attn_logit_softcapping=1.5,
+                                           initializer_range=0.1, final_logit_softcapping=None,
+                                           query_pre_attn_scalar=16, **overrides)
+        cls = transformers.Gemma2ForCausalLM
+    torch.manual_seed(0)
+    # each model its own config: a model reads its attention implementation from its config at every call
+    ref = cls._from_config(copy.deepcopy(config), attn_implementation="eager" if kind == "gemma2" else "sdpa")
+    ours = cls._from_config(copy.deepcopy(config), attn_implementation=flashtile_hf.NAME)
+    ref, ours = ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
+    assert ref.config._attn_implementation != ours.config._attn_implementation == flashtile_hf.NAME
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def batch(padding, lengths=(11, 7)):
+    """Token ids and a 2-D attention mask, padded on the given side (None: equal lengths, no mask)."""
+    torch.manual_seed(1)
+    longest = max(lengths)
+    ids = torch.randint(1, 97, (len(lengths), longest), device=DEVICE)
+    if padding is None:
+        return ids, None
+    mask = torch.zeros(len(lengths), longest, dtype=torch.long, device=DEVICE)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    if padding == "left":
+        mask = mask.flip(1)
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("padding", [None, "right", "left"])
+def test_logits_match_sdpa(kind, padding):
+    ref, ours = tiny(kind)
+    ids, mask = batch(padding)
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits
+        got = ours(input_ids=ids, attention_mask=mask).logits
+    keep = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], atol=2e-4, rtol=1e-4)
+
+
+def test_loss_and_gradients_match_sdpa():
+    ref, ours = tiny()
+    ids, mask = batch("right")
+    labels = ids.masked_fill(mask == 0, -100)
+    for model in (ref, ours):
+        model.train()
+        model.zero_grad()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    ref_loss = ref(input_ids=ids, attention_mask=mask, labels=labels).loss
+    ours_loss = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(ours_loss, ref_loss, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=2e-4, rtol=1e-3, msg=name)
+
+
+def test_packed_sequences_by_position_ids():
+    """Padding-free packing: two sequences in one row, position ids restarting at 0; each sequence's logits equal
+    the same sequence run alone on sdpa."""
+    ref, ours = tiny()
+    first, second = (torch.randint(1, 97, (1, n), device=DEVICE) for n in (6, 9))
+    ids = torch.cat([first, second], 1)
+    positions = torch.cat([torch.arange(6), torch.arange(9)])[None].to(DEVICE)
+    with torch.no_grad():
+        got = ours(input_ids=ids, position_ids=positions).logits
+        want = torch.cat([ref(input_ids=first).logits, ref(input_ids=second).logits], 1)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_greedy_generate_matches_sdpa():
+    ref, ours = tiny()
+    ids, mask = batch("left")
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    want = ref.generate(input_ids=ids, attention_mask=mask, **settings)
+    got = ours.generate(input_ids=ids, attention_mask=mask, **settings)
+    assert torch.equal(got, want)
+
+
+def test_attention_sinks_are_refused_by_name():
+    q = torch.randn(1, 2, 4, 8, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        flashtile_hf.attention(torch.nn.Module(), q, q, q, None, s_aux=torch.zeros(2, device=DEVICE))
+
+
+def test_unpad_and_pad_are_inverse():
+    x = torch.randn(3, 5, 2, device=DEVICE)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    rows, index, cu, longest = flashtile_hf.unpad(x, mask)
+    assert rows.shape == (11, 2) and cu.tolist() == [0, 2, 6, 11] and longest == 5
+    assert cu.dtype == torch.int32
+    back = flashtile_hf.pad(rows, index, 3, 5)
+    assert torch.equal(back[mask], x[mask]) and not back[~mask].any()
