@@ -8,7 +8,7 @@
 Every layer of a model that calls transformers' attention interface then runs on flashtile: ``attention`` takes the
 (batch, heads, seqlen, head_dim) tensors transformers passes, and the 2-D padding mask that ``register`` has
 transformers build for it (its flash-attention mask: None when nothing is padded). A padded batch, right or left
-padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad``); padding-free batches (the
+padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad``, flash-attn's bert_padding helpers); padding-free batches (the
 ``cu_seq_lens_*`` keyword arguments, or position_ids that restart within one row) run packed as they come; causal
 models align their mask bottom-right, so generate()'s cached keys need no mask. GQA, sliding windows and softcap
 pass through. The name has no "flash" in it: transformers reads such names as kernels to fetch from its hub.
@@ -16,6 +16,8 @@ pass through. The name has no "flash" in it: transformers reads such names as ke
 import torch
 
 from .. import api
+from .flash_attn import pad_input as pad
+from .flash_attn import unpad_input
 
 NAME = "tile_attention"
 
@@ -32,17 +34,7 @@ def register(name=NAME):
 def unpad(x, mask):
     """Rows of x (batch, seqlen, ...) where mask (batch, seqlen) is true, packed: (rows (total, ...), indices into the
     flattened (batch · seqlen) rows, int32 cu_seqlens (batch + 1), the longest sequence, as an int: a host sync)."""
-    lengths = mask.sum(1, dtype=torch.int32)
-    indices = torch.nonzero(mask.flatten()).flatten()
-    cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-    return x.reshape(-1, *x.shape[2:])[indices], indices, cu_seqlens, int(lengths.max())
-
-
-def pad(rows, indices, batch, seqlen):
-    """The inverse of ``unpad``: rows back at their indices of a (batch, seqlen, ...) tensor, zeros elsewhere."""
-    out = rows.new_zeros(batch * seqlen, *rows.shape[1:])
-    out[indices] = rows
-    return out.reshape(batch, seqlen, *rows.shape[1:])
+    return unpad_input(x, mask)[:4]
 
 
 def _packed_from_positions(position_ids):

@@ -1,0 +1,120 @@
+"""Code written against the ``flash_attn`` package, on flashtile, without editing it (opt-in).
+
+    import flashtile.integrations.flash_attn as shim
+    shim.install()        # from here on `import flash_attn` gives flashtile's functions
+    ...
+    shim.uninstall()      # the modules that were there before (or none) come back
+
+or ``with shim.installed(): ...``. The modules put in place: ``flash_attn`` (the seven entry points),
+``flash_attn.flash_attn_interface`` (the same, and the ``_flash_attn_forward`` / ``_flash_attn_backward`` that
+ring-attention libraries call, with flash-attn 2.6's signatures) and ``flash_attn.bert_padding`` (``unpad_input``,
+``pad_input``). Dropout is not supported (``dropout_p`` > 0 raises NotImplementedError, as everywhere in flashtile).
+For transformers, use flashtile.integrations.transformers instead: transformers looks for the installed package.
+"""
+import contextlib
+import sys
+import types
+
+import torch
+
+from .. import api, checks, ops
+
+_NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding")
+_saved = None
+
+
+def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
+                        alibi_slopes, return_softmax):
+    """flash-attn 2.6's forward kernel call: (out, softmax_lse, S_dmask, rng_state); no autograd."""
+    checks.not_implemented(dropout_p=dropout_p)
+    if return_softmax:
+        raise NotImplementedError("return_softmax (the attention probabilities) is not supported by flashtile: "
+                                  "its kernels never form them")
+    window = checks.window((window_size_left, window_size_right), causal)
+    scale = checks.softmax_scale(softmax_scale, q.shape[-1])
+    with torch.no_grad():
+        out, lse = ops.flash_attention(q, k, v, scale, window, True, softcap=softcap, alibi_slopes=alibi_slopes)
+    return out, lse, None, None
+
+
+def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
+                         window_size_left, window_size_right, softcap, alibi_slopes, deterministic, rng_state=None):
+    """flash-attn 2.6's backward kernel call: dq, dk, dv written in place; returns softmax_d (rowsum(dO ∘ O))."""
+    checks.not_implemented(dropout_p=dropout_p)
+    window = checks.window((window_size_left, window_size_right), causal)
+    scale = checks.softmax_scale(softmax_scale, q.shape[-1])
+    grads = ops.attention_backward(dout, q, k, v, out, softmax_lse, scale, window, True, deterministic,
+                                   softcap=softcap, alibi_slopes=alibi_slopes)
+    for target, grad in zip((dq, dk, dv), grads):
+        if target is not None:
+            target.copy_(grad)
+    return (dout.float() * out.float()).sum(-1).transpose(1, 2)
+
+
+def unpad_input(hidden_states, attention_mask, unused_mask=None):
+    """flash_attn.bert_padding.unpad_input: (rows where attention_mask (batch, seqlen) is set, indices into the
+    flattened rows, int32 cu_seqlens, the longest sequence, each sequence's length)."""
+    mask = attention_mask.bool() if unused_mask is None else (attention_mask.bool() | unused_mask.bool())
+    used = attention_mask.sum(-1, dtype=torch.int32)
+    lengths = mask.sum(-1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten()).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    rows = hidden_states.reshape(-1, *hidden_states.shape[2:])[indices]
+    return rows, indices, cu_seqlens, int(lengths.max()), used
+
+
+def pad_input(hidden_states, indices, batch, seqlen):
+    """flash_attn.bert_padding.pad_input: the rows back at their indices of (batch, seqlen, ...), zeros elsewhere."""
+    out = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
+    out[indices] = hidden_states
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+
+
+def _module(name, **attrs):
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs, __doc__=f"flashtile standing in for {name} (flashtile.integrations.flash_attn)")
+    return module
+
+
+def install():
+    """Puts flashtile's ``flash_attn`` modules in sys.modules (idempotent); uninstall() undoes it."""
+    global _saved
+    if _saved is not None:
+        return
+    entry = dict(flash_attn_func=api.flash_attn_func, flash_attn_varlen_func=api.flash_attn_varlen_func,
+                 flash_attn_qkvpacked_func=api.flash_attn_qkvpacked_func,
+                 flash_attn_kvpacked_func=api.flash_attn_kvpacked_func,
+                 flash_attn_varlen_qkvpacked_func=api.flash_attn_varlen_qkvpacked_func,
+                 flash_attn_varlen_kvpacked_func=api.flash_attn_varlen_kvpacked_func,
+                 flash_attn_with_kvcache=api.flash_attn_with_kvcache)
+    interface = _module("flash_attn.flash_attn_interface", _flash_attn_forward=_flash_attn_forward,
+                        _flash_attn_backward=_flash_attn_backward, **entry)
+    padding = _module("flash_attn.bert_padding", unpad_input=unpad_input, pad_input=pad_input)
+    package = _module("flash_attn", flash_attn_interface=interface, bert_padding=padding, __version__="2.6.3",
+                      __path__=[], **entry)
+    _saved = {name: sys.modules.get(name) for name in _NAMES}
+    sys.modules.update({"flash_attn": package, "flash_attn.flash_attn_interface": interface,
+                        "flash_attn.bert_padding": padding})
+
+
+def uninstall():
+    """Restores the modules (or their absence) that install() found."""
+    global _saved
+    if _saved is None:
+        return
+    for name, module in _saved.items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+    _saved = None
+
+
+@contextlib.contextmanager
+def installed():
+    """install() for the duration of a with block."""
+    install()
+    try:
+        yield
+    finally:
+        uninstall()

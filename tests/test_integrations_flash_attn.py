@@ -1,0 +1,62 @@
+"""flashtile.integrations.flash_attn: `import flash_attn` gives flashtile's functions while installed, and the
+modules that were there before (or none) afterwards; the private forward/backward that ring-attention libraries
+call, and bert_padding's helpers, with flash-attn's signatures and results."""
+import importlib
+import sys
+
+import pytest
+import torch
+
+import flashtile
+import flashtile.integrations.flash_attn as shim
+from helpers import DEVICE, randn
+
+
+def test_install_then_uninstall_restores_what_was_there():
+    before = {name: sys.modules.get(name) for name in ("flash_attn", "flash_attn.bert_padding")}
+    with shim.installed():
+        import flash_attn
+        from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401
+        from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward  # noqa: F401
+        assert flash_attn_func is flashtile.flash_attn_func and flash_attn.__version__.startswith("2.")
+        shim.install()  # twice: still one set of modules to undo
+    assert {name: sys.modules.get(name) for name in before} == before
+    if before["flash_attn"] is None:
+        with pytest.raises(ImportError):
+            importlib.import_module("flash_attn")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_private_forward_and_backward_equal_flash_attn_func(causal):
+    """_flash_attn_forward / _flash_attn_backward as ring-flash-attention calls them: out and LSE, then dq, dk, dv
+    written into the given buffers, equal to flash_attn_func's forward and autograd (GQA, Nq != Nk)."""
+    q = randn(2, 21, 4, 32, dtype=torch.float16)
+    k, v = (randn(2, 30, 2, 32, dtype=torch.float16) for _ in range(2))
+    dout = randn(2, 21, 4, 32, dtype=torch.float16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want, want_lse, _ = flashtile.flash_attn_func(*leaves, causal=causal, return_attn_probs=True)
+    want_grads = torch.autograd.grad(want, leaves, dout)
+    with shim.installed():
+        from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+        out, lse, _, _ = _flash_attn_forward(q, k, v, 0.0, 32 ** -0.5, causal, -1, -1, 0.0, None, False)
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        delta = _flash_attn_backward(dout, q, k, v, out, lse, *grads, 0.0, 32 ** -0.5, causal, -1, -1, 0.0, None,
+                                     False)
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            _flash_attn_forward(q, k, v, 0.1, 1.0, causal, -1, -1, 0.0, None, False)
+    assert torch.equal(out, want.detach()) and torch.equal(lse, want_lse)
+    for got, expected in zip(grads, want_grads):
+        assert torch.equal(got, expected)
+    torch.testing.assert_close(delta, (dout.float() * out.float()).sum(-1).transpose(1, 2))
+
+
+def test_bert_padding_unpad_and_pad():
+    hidden = torch.randn(2, 4, 3, device=DEVICE)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], device=DEVICE)
+    with shim.installed():
+        from flash_attn.bert_padding import pad_input, unpad_input
+        rows, indices, cu_seqlens, longest, used = unpad_input(hidden, mask)
+        back = pad_input(rows, indices, 2, 4)
+    assert rows.shape == (4, 3) and indices.tolist() == [0, 1, 2, 4] and cu_seqlens.tolist() == [0, 3, 4]
+    assert longest == 3 and used.tolist() == [3, 1] and cu_seqlens.dtype == torch.int32
+    assert torch.equal(back[mask.bool()], hidden[mask.bool()]) and not back[~mask.bool()].any()
