@@ -16,7 +16,7 @@ _PUBLIC = {
     "combine": "api",
     "set_value_checks": "checks",
 }
-_MODULES = ("reference", "lessons", "trace", "viz")  # reachable as flashtile.reference etc.
+_MODULES = ("reference", "lessons", "trace", "viz", "sdpa", "distributed")  # reachable as flashtile.reference etc.
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"
 
