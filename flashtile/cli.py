@@ -84,6 +84,9 @@ def demo(args):
     return 0 if ok else 1
 
 
+PAGE_LIMIT_MB = 5  # a step-through page past this is slow to open; viz asks for --force
+
+
 def viz(args):
     from .trace import trace
     from .viz import playground, render
@@ -94,6 +97,10 @@ def viz(args):
         html = playground()
     else:
         html = render(trace(args.algo, args.seqlen, args.head_dim, args.block_m, args.block_n, args.causal))
+    size_mb = len(html.encode()) / 1e6
+    if size_mb > PAGE_LIMIT_MB and not args.force:
+        args.parser.error(f"the page would be {size_mb:.1f} MB (every step of every tile is in it); use a smaller "
+                          f"--seqlen or larger tiles, or --force to write it anyway")
     with open(args.output, "w") as f:
         f.write(html)
     print(f"wrote {args.output}" + ("" if args.playground else f" ({args.algo}, N={args.seqlen}, D={args.head_dim}, "
@@ -139,6 +146,7 @@ def main(argv=None):
     p_viz.add_argument("--block-n", type=_positive_int, default=2)
     p_viz.add_argument("--causal", action="store_true")
     p_viz.add_argument("--playground", action="store_true", help="the interactive attention playground instead")
+    p_viz.add_argument("--force", action="store_true", help=f"write a page over {PAGE_LIMIT_MB} MB too")
     p_viz.add_argument("-o", "--output", default="page.html")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # their own parsers take the rest

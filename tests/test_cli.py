@@ -44,3 +44,12 @@ def test_gpu_commands_say_so_in_one_line_without_a_gpu(run):
     message = str(exit_info.value.code)
     assert "needs a CUDA GPU" in message and "\n" not in message
     assert bench.require_gpu is tune.require_gpu  # one helper says it everywhere
+
+
+def test_viz_asks_before_writing_a_large_page(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "PAGE_LIMIT_MB", 0.001)
+    out = tmp_path / "big.html"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["viz", "--seqlen", "16", "-o", str(out)])
+    assert exit_info.value.code == 2 and "--force" in capsys.readouterr().err and not out.exists()
+    assert cli.main(["viz", "--seqlen", "16", "--force", "-o", str(out)]) == 0 and out.exists()

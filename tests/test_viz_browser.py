@@ -134,3 +134,45 @@ def test_playground(browser, tmp_path):
     browser.find_element(By.ID, "S-0-5").click()
     assert "in the future" in browser.find_element(By.ID, "explain").text
     assert_no_js_errors(browser)
+
+
+def test_page_explains_itself_and_takes_keys(browser, tmp_path):
+    """The title names the algorithm and its parameters, an intro says what to watch, a legend names every tile
+    state, the counters say their unit; space plays and pauses, the arrows step, Home resets; the speed control
+    is there; a tile written back leaves the SRAM box after its own step."""
+    import time
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    t = trace("fa2_bwd", seqlen=8, head_dim=4, block_m=2, block_n=2, causal=True)
+    open_page(browser, tmp_path, render(t), "explained")
+    title = browser.find_element(By.ID, "title").text
+    assert "FlashAttention-2 backward" in title and "N=8, D=4, tiles 2×2, causal" in title
+    assert "dQ" in browser.find_element(By.ID, "intro").text
+    legend = browser.find_element(By.ID, "legend")
+    assert len(legend.find_elements(By.CSS_SELECTOR, ".tile")) == 5 and "skipped" in legend.text
+    body = browser.find_element(By.TAG_NAME, "body")
+    body.send_keys(Keys.ARROW_RIGHT)  # stepping repaints the HBM tiles, never the legend's swatches
+    swatches = [e.get_attribute("class") for e in legend.find_elements(By.CSS_SELECTOR, ".tile")]
+    assert swatches == ["tile load", "tile store", "tile touched", "tile", "tile skip"]
+    body.send_keys(Keys.HOME)
+    assert "2 bytes per element" in browser.find_element(By.ID, "units").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#speed option")) == 5
+    position = lambda: browser.find_element(By.ID, "position").text.split(" /")[0]  # noqa: E731
+    body.send_keys(Keys.ARROW_RIGHT, Keys.ARROW_RIGHT, Keys.ARROW_RIGHT)
+    assert position() == "3"  # load O, load dO, store D of tile 0
+    chips = browser.find_element(By.ID, "sram-tiles").text
+    assert "D[0,0] → HBM" in chips and "O[0,0]" in chips
+    body.send_keys(Keys.ARROW_RIGHT)
+    assert "D[0,0]" not in browser.find_element(By.ID, "sram-tiles").text  # written back: no longer on chip
+    body.send_keys(Keys.ARROW_LEFT)
+    assert position() == "3"
+    body.send_keys(Keys.HOME)
+    assert position() == "0"
+    body.send_keys(" ")
+    time.sleep(1.0)
+    body.send_keys(" ")
+    played = int(position())
+    time.sleep(0.6)
+    assert played > 0 and int(position()) == played  # paused
+    assert_no_js_errors(browser)

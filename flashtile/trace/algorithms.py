@@ -314,4 +314,6 @@ def trace(algo, seqlen=8, head_dim=4, block_m=2, block_n=2, causal=False, seed=0
     for name, value in (("seqlen", seqlen), ("head_dim", head_dim), ("block_m", block_m), ("block_n", block_n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return ALGORITHMS[algo](seqlen, head_dim, block_m, block_n, causal, seed, itemsize)
+    t = ALGORITHMS[algo](seqlen, head_dim, block_m, block_n, causal, seed, itemsize)
+    t.params = dict(seqlen=seqlen, head_dim=head_dim, block_m=block_m, block_n=block_n, causal=bool(causal))
+    return t

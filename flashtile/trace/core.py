@@ -24,6 +24,7 @@ class Trace:
     itemsize: int
     steps: list = field(default_factory=list)
     result: dict = field(default_factory=dict)  # final arrays (out, lse, ...)
+    params: dict = field(default_factory=dict)  # seqlen, head_dim, block_m, block_n, causal of the run
 
     def load(self, tensor, tile, rows, cols, caption, line, **state):
         self._move("load", tensor, tile, rows * cols, caption, line, state)
@@ -53,7 +54,7 @@ class Trace:
 
     def to_json(self):
         return dict(algo=self.algo, code=self.code, shapes=self.shapes, tiles=self.tiles, itemsize=self.itemsize,
-                    steps=[asdict(s) for s in self.steps], counters=self.counters())
+                    steps=[asdict(s) for s in self.steps], counters=self.counters(), params=self.params)
 
 
 def _plain(state):

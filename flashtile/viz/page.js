@@ -31,7 +31,9 @@
       hbm.appendChild(wrap);
     }
     const counters = $("counters");
-    counters.innerHTML = "<tr><th>tensor</th><th>read (B)</th><th>written (B)</th></tr>" +
+    $("units").textContent = "bytes moved, counting " + TRACE.itemsize + " bytes per element (" +
+      (TRACE.itemsize === 2 ? "fp16 / bf16" : TRACE.itemsize === 4 ? "fp32" : TRACE.itemsize + "-byte") + ")";
+    counters.innerHTML = "<tr><th>tensor</th><th>read (bytes)</th><th>written (bytes)</th></tr>" +
       tensors.map((t) => '<tr><td style="text-align:left">' + t + '</td><td id="counter-' + t +
         '-read">0</td><td id="counter-' + t + '-written">0</td></tr>').join("") +
       '<tr><th>total</th><th id="counter-total-read">0</th><th id="counter-total-written">0</th></tr>';
@@ -46,7 +48,7 @@
     current = Math.max(0, Math.min(n, steps.length));
     const read = {}, written = {}, sram = {};
     for (const t of tensors) { read[t] = 0; written[t] = 0; }
-    document.querySelectorAll(".tile").forEach((el) => { el.className = "tile"; });
+    document.querySelectorAll("#hbm-tensors .tile").forEach((el) => { el.className = "tile"; });
     for (let i = 0; i < current; i++) {
       const s = steps[i];
       if (!s.tensor) continue;
@@ -68,16 +70,21 @@
     }
     $("counter-total-read").textContent = totalRead;
     $("counter-total-written").textContent = totalWritten;
-    $("sram-tiles").innerHTML = Object.values(sram).map((s) => '<span class="sram-tile ' + s.kind + '">' +
-      s.tensor + "[" + s.tile.join(",") + "]" + (s.kind === "store" ? " → HBM" : "") + "</span>").join("");
+    // on chip: the latest tile of each tensor loaded and not yet written back; a store shows only at its own step
+    $("sram-tiles").innerHTML = Object.values(sram).filter((s) => s.kind === "load" || s === last).map((s) =>
+      '<span class="sram-tile ' + s.kind + '">' + s.tensor + "[" + s.tile.join(",") + "]" +
+      (s.kind === "store" ? " → HBM" : "") + "</span>").join("");
     document.querySelectorAll("#code .line").forEach((el) => el.classList.remove("current"));
     document.querySelectorAll("#steps li").forEach((el) => el.classList.remove("current"));
     if (last) {
       $("code-line-" + last.line).classList.add("current");
       $("step-" + (current - 1)).classList.add("current");
-      let shown = last;  // the latest step that carried running values
-      for (let i = current - 1; i >= 0 && !Object.keys(shown.state).length; i--) shown = steps[i];
-      $("state").textContent = Object.entries(shown.state).map(([k, v]) => k + " = " + JSON.stringify(v)).join("\n");
+      let at = current - 1;  // the latest step that carried running values
+      while (at > 0 && !Object.keys(steps[at].state).length) at--;
+      const shown = steps[at];
+      const entries = Object.entries(shown.state);
+      $("state").textContent = entries.length ? "after step " + (at + 1) + " (" + shown.caption + ")\n" +
+        entries.map(([k, v]) => k + " = " + JSON.stringify(v)).join("\n") : "";
     } else {
       $("state").textContent = "";
     }
@@ -87,9 +94,18 @@
   }
   function play() {
     if (timer) return;
-    timer = setInterval(() => { if (current >= steps.length) pause(); else show(current + 1); }, 400);
+    timer = setInterval(() => { if (current >= steps.length) pause(); else show(current + 1); },
+                        parseInt($("speed").value, 10));
   }
   function pause() { clearInterval(timer); timer = null; }
+  $("speed").addEventListener("change", () => { if (timer) { pause(); play(); } });
+  document.addEventListener("keydown", (e) => {
+    if (e.target.tagName === "SELECT") return;
+    if (e.key === " ") { e.preventDefault(); if (timer) pause(); else play(); }
+    else if (e.key === "ArrowRight") { e.preventDefault(); pause(); show(current + 1); }
+    else if (e.key === "ArrowLeft") { e.preventDefault(); pause(); show(current - 1); }
+    else if (e.key === "Home") { e.preventDefault(); pause(); show(0); }
+  });
   build();
   $("play").addEventListener("click", play);
   $("pause").addEventListener("click", pause);
