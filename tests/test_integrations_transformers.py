@@ -15,8 +15,8 @@ flashtile_hf.register()
 
 
 def tiny(kind="llama", **overrides):
-    """A random model of ``kind`` (GQA: 4 query heads over 2 KV heads), on sdpa (gemma2: eager, its only other) and
-    on flashtile, same weights."""
+    """A random model of ``kind`` (GQA: 4 query heads over 2 KV heads), on sdpa (gemma2, gpt-oss: eager, their only
+    other) and on flashtile, same weights; the sinks drawn away from zero so that they matter."""
     base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128)
     if kind == "llama":
@@ -25,6 +25,10 @@ def tiny(kind="llama", **overrides):
     elif kind == "mistral":  # a sliding window shorter than the prompts
         config = transformers.MistralConfig(**base, sliding_window=5, **overrides)
         cls = transformers.MistralForCausalLM
+    elif kind == "gpt_oss":  # attention sinks (s_aux), sliding-window layers, a small mixture of experts
+        config = transformers.GptOssConfig(**base, head_dim=16, sliding_window=6, num_local_experts=2,
+                                           num_experts_per_tok=1, initializer_range=0.1, **overrides)
+        cls = transformers.GptOssForCausalLM
     else:  # gemma2: softcap on the attention logits, sliding-window layers
         config = transformers.Gemma2Config(**base, head_dim=16, sliding_window=6, attn_logit_softcapping=1.5,
                                            initializer_range=0.1, final_logit_softcapping=None,
@@ -32,10 +36,14 @@ def tiny(kind="llama", **overrides):
         cls = transformers.Gemma2ForCausalLM
     torch.manual_seed(0)
     # each model its own config: a model reads its attention implementation from its config at every call
-    ref = cls._from_config(copy.deepcopy(config), attn_implementation="eager" if kind == "gemma2" else "sdpa")
+    ref = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa" if kind in ("llama", "mistral") else "eager")
     ours = cls._from_config(copy.deepcopy(config), attn_implementation=flashtile_hf.NAME)
     ref, ours = ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
     assert ref.config._attn_implementation != ours.config._attn_implementation == flashtile_hf.NAME
+    if kind == "gpt_oss":
+        with torch.no_grad():
+            for layer in ref.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
     ours.load_state_dict(ref.state_dict())
     return ref, ours
 
@@ -55,7 +63,7 @@ def batch(padding, lengths=(11, 7)):
     return ids * mask, mask
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
 @pytest.mark.parametrize("padding", [None, "right", "left"])
 def test_logits_match_sdpa(kind, padding):
     ref, ours = tiny(kind)
@@ -104,10 +112,23 @@ def test_greedy_generate_matches_sdpa():
     assert torch.equal(got, want)
 
 
-def test_attention_sinks_are_refused_by_name():
-    q = torch.randn(1, 2, 4, 8, device=DEVICE)
-    with pytest.raises(NotImplementedError, match="s_aux"):
-        flashtile_hf.attention(torch.nn.Module(), q, q, q, None, s_aux=torch.zeros(2, device=DEVICE))
+def test_sinks_gradients_match_eager():
+    """gpt-oss's learned sinks: the loss and the sinks' own gradients (and every other parameter's) as eager."""
+    ref, ours = tiny("gpt_oss")
+    ids, mask = batch("left")
+    labels = ids.masked_fill(mask == 0, -100)
+    losses = []
+    for model in (ref, ours):
+        model.train()
+        model.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, atol=2e-4, rtol=1e-3, msg=name)
+    assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
 
 
 def test_unpad_and_pad_are_inverse():

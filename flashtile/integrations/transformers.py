@@ -11,7 +11,7 @@ transformers build for it (its flash-attention mask: None when nothing is padded
 padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad``, flash-attn's bert_padding helpers); padding-free batches (the
 ``cu_seq_lens_*`` keyword arguments, or position_ids that restart within one row) run packed as they come; causal
 models align their mask bottom-right, so generate()'s cached keys need no mask. GQA, sliding windows and softcap
-pass through. The name has no "flash" in it: transformers reads such names as kernels to fetch from its hub.
+pass through; attention sinks (gpt-oss's ``s_aux``) rescale each row by its LSE (``with_sinks``). The name has no "flash" in it: transformers reads such names as kernels to fetch from its hub.
 """
 import torch
 
@@ -50,28 +50,43 @@ def _packed_from_positions(position_ids):
     return bounds.to(torch.int32), int(bounds.diff().max())
 
 
+def with_sinks(out, lse, sinks, heads_dim):
+    """Attention with one learned sink logit per head (gpt-oss's ``s_aux``), from attention without: the sink joins
+    each row's softmax denominator only, so out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink).
+    Differentiable in out, the LSE and the sinks. ``heads_dim``: where lse keeps its heads (0: (heads, rows),
+    1: (batch, heads, rows)); out keeps them second to last."""
+    shape = [1] * lse.dim()
+    shape[heads_dim] = -1
+    factor = torch.sigmoid(lse - sinks.float().reshape(shape)).movedim(heads_dim, -1)  # [..., rows, heads]
+    return (out.float() * factor[..., None]).to(out.dtype)
+
+
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, softcap=None,
               is_causal=None, s_aux=None, **kwargs):
     """transformers' attention-function contract: query (batch, heads, seqlen_q, head_dim), key and value (batch,
-    kv_heads, seqlen_k, head_dim), attention_mask the 2-D padding mask (batch, seqlen_k) or None; returns
-    (out (batch, seqlen_q, heads, head_dim), None)."""
-    if s_aux is not None:
-        raise NotImplementedError("flashtile does not take attention sinks (s_aux) yet; use "
-                                  "attn_implementation='sdpa' or 'eager' for this model")
+    kv_heads, seqlen_k, head_dim), attention_mask the 2-D padding mask (batch, seqlen_k) or None, s_aux a sink logit
+    per head or None; returns (out (batch, seqlen_q, heads, head_dim), None)."""
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (batch, seqlen, heads, head_dim)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (-1, -1)
     if sliding_window is not None and k.shape[1] > sliding_window:  # transformers' flash convention
         window = (sliding_window - 1, sliding_window - 1)
     options = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
-                   softcap=softcap or 0.0)
+                   softcap=softcap or 0.0, return_attn_probs=s_aux is not None)
+
+    def finish(result, heads_dim):  # out, after the sinks where there are any
+        if s_aux is None:
+            return result
+        out, lse, _ = result
+        return with_sinks(out, lse, s_aux, heads_dim)
+
     batch, seqlen_q = q.shape[:2]
     if attention_mask is not None:
         mask = attention_mask.bool()
         k_rows, k_index, cu_k, max_k = unpad(k, mask)
         v_rows = v.reshape(-1, *v.shape[2:])[k_index]
         q_rows, q_index, cu_q, max_q = unpad(q, mask[:, -seqlen_q:])  # the queries are the last keys
-        out = api.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options)
+        out = finish(api.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options), 0)
         return pad(out, q_index, batch, seqlen_q), None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = None
@@ -84,6 +99,6 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     if packed is not None:
         cu_q, cu_k, max_q, max_k = packed
         flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
-        out = api.flash_attn_varlen_func(*flat, cu_q, cu_k, max_q, max_k, **options)
+        out = finish(api.flash_attn_varlen_func(*flat, cu_q, cu_k, max_q, max_k, **options), 0)
         return out.reshape(batch, seqlen_q, *out.shape[1:]), None
-    return api.flash_attn_func(q, k, v, **options), None
+    return finish(api.flash_attn_func(q, k, v, **options), 1), None
