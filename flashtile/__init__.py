@@ -14,6 +14,8 @@ _PUBLIC = {
     "scaled_dot_product_attention": "api",
     "flash_attn_with_kvcache": "api",
     "combine": "api",
+    "unpad_input": "integrations.flash_attn",
+    "pad_input": "integrations.flash_attn",
     "set_value_checks": "checks",
 }
 _MODULES = ("reference", "lessons", "trace", "viz", "sdpa", "distributed")  # reachable as flashtile.reference etc.

@@ -5,7 +5,7 @@ from . import checks, ops
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, learnable_sink=None):
     """Attention on (batch, seqlen, nheads, headdim) tensors, as ``flash_attn.flash_attn_func``.
 
     k and v may have fewer heads than q (GQA/MQA: query head h reads KV head h // (nheads // nheads_k)).
@@ -15,7 +15,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Differentiable: ``deterministic=True`` makes dQ, dK, dV bitwise reproducible (dQ gets its own pass
     instead of atomics), and so is the returned LSE (its gradient joins dQ, dK). ``softcap`` > 0 caps the scores
     at softcap · tanh(score / softcap); ``alibi_slopes`` (float32 (nheads,) or (batch, nheads)) adds
-    −slope · |i + seqlen_k − seqlen_q − j| after it (both on the portable kernels).
+    −slope · |i + seqlen_k − seqlen_q − j| after it (both on the portable kernels). ``learnable_sink`` (nheads,),
+    as FA4's (gpt-oss's attention sinks): a logit per head that joins each row's softmax denominator only; the LSE
+    returned then counts it, and the sinks take a gradient too.
     """
     checks.not_implemented(dropout_p=dropout_p)
     checks.qkv(q, k, v, packed=False)
@@ -23,21 +25,52 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     window = checks.window(window_size, causal)
     softcap = checks.softcap(softcap)
     checks.alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
+    _check_sink(learnable_sink, q.shape[2], q.device)
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
                                    softcap=softcap, alibi_slopes=alibi_slopes)
+    return _finish(out, lse, learnable_sink, 1, return_attn_probs)
+
+
+def _check_sink(learnable_sink, nheads, device):
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be a torch.Tensor, got {type(learnable_sink).__name__}")
+    if learnable_sink.shape != (nheads, ) or learnable_sink.device != device:
+        raise ValueError(f"learnable_sink must have shape ({nheads},) on {device} (one logit per query head), got "
+                         f"{tuple(learnable_sink.shape)} on {learnable_sink.device}")
+
+
+def _finish(out, lse, sink, heads_dim, return_attn_probs):
+    """out (and the LSE) after the sinks, where there are any."""
+    if sink is not None:
+        out = ops.with_sinks(out, lse, sink, heads_dim)
+        shape = [1] * lse.dim()
+        shape[heads_dim] = -1
+        lse = torch.logaddexp(lse, sink.float().reshape(shape))
     return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
+                           learnable_sink=None):
     """Attention on packed (total_tokens, nheads, headdim) sequences, as flash-attn's varlen function.
 
     Sequence b holds rows cu_seqlens[b]:cu_seqlens[b + 1] (int32); rows from cu_seqlens_q[-1] on belong to no
     sequence and get out = 0, LSE = -inf (and dq = 0). ``max_seqlen_q``, ``max_seqlen_k``: ints or 0-d integer
-    tensors. Returns out, or (out, softmax_lse [nheads, total_q], None) with ``return_attn_probs``.
+    tensors. Returns out, or (out, softmax_lse [nheads, total_q], None) with ``return_attn_probs``. With
+    ``block_table`` (batch, max_pages) int32, k and v are pages (num_pages, page_size, nheads_k, headdim), as
+    flash-attn's paged prefill: they are gathered into packed keys first (a copy, and a host sync for the total).
+    ``learnable_sink`` as in flash_attn_func.
     """
     checks.not_implemented(dropout_p=dropout_p)
+    if block_table is not None:
+        checks.page_table(block_table, cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else 0,
+                           q.device)
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4):
+            raise ValueError("with block_table, k and v must be pages (num_pages, page_size, nheads_k, headdim)")
+        k, v = ops.gather_pages(k, v, block_table, cu_seqlens_k)
     checks.qkv(q, k, v, packed=True)
     max_seqlen_q = checks.cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q.device)
     max_seqlen_k = checks.cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q.device)
@@ -48,10 +81,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     window = checks.window(window_size, causal)
     softcap = checks.softcap(softcap)
     checks.alibi_slopes(alibi_slopes, cu_seqlens_q.numel() - 1, q.shape[1], q.device)
+    _check_sink(learnable_sink, q.shape[1], q.device)
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes)
-    return (out, lse, None) if return_attn_probs else out
+    return _finish(out, lse, learnable_sink, 0, return_attn_probs)
 
 
 def _unpack(name, packed, parts, layout):

@@ -295,6 +295,17 @@ def rotary(cos, sin, interleaved, q, k, per_token):
     return cos.shape[0], max(q.shape[1] if per_token else 1, k.shape[1])
 
 
+def page_table(table, batch, device):
+    """A page table: int32 (batch, max_pages) on ``device``."""
+    _tensor("block_table", table)
+    if table.dtype != torch.int32:
+        raise TypeError(f"block_table must be int32, got {table.dtype}")
+    if table.dim() != 2 or table.shape[0] != batch:
+        raise ValueError(f"block_table must be (batch={batch}, max_pages), got {tuple(table.shape)}")
+    if table.device != device:
+        raise ValueError(f"block_table must be on {device}, got {table.device}")
+
+
 def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _tensor(name, t)
@@ -328,11 +339,7 @@ def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
         if cache_seqlens is None:
             raise ValueError("cache_seqlens is needed to know where k and v are appended")
     if block_table is not None:
-        _tensor("block_table", block_table)
-        if block_table.dtype != torch.int32:
-            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
-        if block_table.dim() != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"block_table must be (batch={batch}, max_pages), got {tuple(block_table.shape)}")
+        page_table(block_table, batch, q.device)
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx cannot be combined with a paged cache (block_table)")
         capacity = block_table.shape[1] * k_cache.shape[1]

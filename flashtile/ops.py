@@ -257,6 +257,33 @@ class _Attention(torch.autograd.Function):
         return (dq, dk, dv) + (None, ) * 12
 
 
+def with_sinks(out, lse, sinks, heads_dim):
+    """Attention with one learned sink logit per head (gpt-oss's ``s_aux``, FA4's ``learnable_sink``), from attention without: the sink joins
+    each row's softmax denominator only, so out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink).
+    Differentiable in out, the LSE and the sinks. ``heads_dim``: where lse keeps its heads (0: (heads, rows),
+    1: (batch, heads, rows)); out keeps them second to last."""
+    shape = [1] * lse.dim()
+    shape[heads_dim] = -1
+    factor = torch.sigmoid(lse - sinks.float().reshape(shape)).movedim(heads_dim, -1)  # [..., rows, heads]
+    return (out.float() * factor[..., None]).to(out.dtype)
+
+
+def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k):
+    """Packed (total_k, nheads_k, headdim) keys and values of the sequences whose keys sit in pages (num_pages,
+    page_size, nheads_k, headdim) listed by block_table (batch, max_pages): sequence b's key j is in page
+    block_table[b, j // page_size] at slot j % page_size. Page ids are clamped into the pool. Reads
+    cu_seqlens_k[-1] back to size the result: a host sync for a GPU tensor."""
+    page_size = k_pages.shape[1]
+    cu = cu_seqlens_k.long()
+    position = torch.arange(int(cu[-1]), device=k_pages.device)
+    seq = torch.searchsorted(cu[1:], position, right=True).clamp_(max=block_table.shape[0] - 1)  # [total_k]
+    j = position - cu[seq]
+    column = (j // page_size).clamp_(0, block_table.shape[1] - 1)
+    page = block_table[seq, column].long().clamp_(0, k_pages.shape[0] - 1)
+    slot = j % page_size
+    return k_pages[page, slot], v_pages[page, slot]
+
+
 def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic=False, heads_first_out=False,
                     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
                     alibi_slopes=None):

@@ -50,3 +50,52 @@ def test_packed_shapes_are_checked_by_name():
         flashtile.flash_attn_kvpacked_func(q, q)
     with pytest.raises(TypeError, match="qkv must be a torch.Tensor"):
         flashtile.flash_attn_varlen_qkvpacked_func([q], None, 8)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_varlen_with_block_table_equals_packed_keys(page_size):
+    """flash_attn_varlen_func(..., block_table=): keys and values in pages, shuffled in the pool, give the same
+    output and gradients (into the pages) as the same keys packed."""
+    cu_q = torch.tensor([0, 3, 10], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 13, 29], dtype=torch.int32, device=DEVICE)
+    q = randn(10, 4, 32, dtype=torch.float16)
+    k, v = (randn(29, 2, 32, dtype=torch.float16) for _ in range(2))
+    pages_per_seq = -(-16 // page_size)
+    table = torch.randperm(2 * pages_per_seq, device=DEVICE).int().reshape(2, pages_per_seq)
+    k_pages, v_pages = (torch.zeros(2 * pages_per_seq, page_size, 2, 32, dtype=torch.float16, device=DEVICE)
+                        for _ in range(2))
+    for b in range(2):
+        for j in range(int(cu_k[b + 1] - cu_k[b])):
+            page, slot = int(table[b, j // page_size]), j % page_size
+            k_pages[page, slot], v_pages[page, slot] = k[cu_k[b] + j], v[cu_k[b] + j]
+    want = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 16, causal=True)
+    got = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, 16, causal=True, block_table=table)
+    assert torch.equal(got, want)
+    with pytest.raises(TypeError, match="block_table must be int32"):
+        flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, 16, block_table=table.long())
+
+
+def test_learnable_sink_joins_the_denominator():
+    """learnable_sink: out and LSE as if each row's softmax had one more logit (the head's sink) and no value, against
+    the float64 reference with that logit appended; the sinks take a gradient."""
+    q, k, v = (randn(2, 19, 4, 32, dtype=torch.float32) for _ in range(3))
+    sink = torch.randn(4, device=DEVICE, requires_grad=True)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, learnable_sink=sink)
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / 32 ** 0.5
+    s = s.masked_fill(torch.ones(19, 19, dtype=torch.bool, device=DEVICE).triu(1), float("-inf"))
+    s = torch.cat([s, sink.double()[None, :, None, None].expand(2, 4, 19, 1)], -1)
+    p = torch.softmax(s, -1)[..., :-1]
+    torch.testing.assert_close(out.double(), torch.einsum("bhij,bjhd->bihd", p, v.double()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    assert sink.grad is not None and sink.grad.abs().max() > 0
+    with pytest.raises(ValueError, match="learnable_sink must have shape"):
+        flashtile.flash_attn_func(q, k, v, learnable_sink=torch.zeros(3, device=DEVICE))
+
+
+def test_bert_padding_helpers_under_our_names():
+    hidden = torch.randn(2, 3, 5, device=DEVICE)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], device=DEVICE)
+    rows, indices, cu, longest, _ = flashtile.unpad_input(hidden, mask)
+    assert cu.tolist() == [0, 2, 5] and longest == 3
+    assert torch.equal(flashtile.pad_input(rows, indices, 2, 3)[mask.bool()], hidden[mask.bool()])

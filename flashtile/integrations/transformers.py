@@ -16,6 +16,7 @@ pass through; attention sinks (gpt-oss's ``s_aux``) rescale each row by its LSE 
 import torch
 
 from .. import api
+from ..ops import with_sinks
 from .flash_attn import pad_input as pad
 from .flash_attn import unpad_input
 
@@ -48,17 +49,6 @@ def _packed_from_positions(position_ids):
     if int(bounds[0]) != 0:
         bounds = torch.cat([torch.zeros(1, dtype=bounds.dtype, device=bounds.device), bounds])
     return bounds.to(torch.int32), int(bounds.diff().max())
-
-
-def with_sinks(out, lse, sinks, heads_dim):
-    """Attention with one learned sink logit per head (gpt-oss's ``s_aux``), from attention without: the sink joins
-    each row's softmax denominator only, so out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink).
-    Differentiable in out, the LSE and the sinks. ``heads_dim``: where lse keeps its heads (0: (heads, rows),
-    1: (batch, heads, rows)); out keeps them second to last."""
-    shape = [1] * lse.dim()
-    shape[heads_dim] = -1
-    factor = torch.sigmoid(lse - sinks.float().reshape(shape)).movedim(heads_dim, -1)  # [..., rows, heads]
-    return (out.float() * factor[..., None]).to(out.dtype)
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, softcap=None,
