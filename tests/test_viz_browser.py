@@ -136,6 +136,33 @@ def test_playground(browser, tmp_path):
     assert_no_js_errors(browser)
 
 
+def test_playground_shows_what_a_score_uses_and_takes_edits(browser, tmp_path):
+    """A clicked score lights the K and V rows it uses; every matrix shows its row and column indices; an edited
+    value of Q changes S, P and O as the formulas say; new draws keep every row of P a distribution."""
+    from selenium.webdriver.common.by import By
+    open_page(browser, tmp_path, playground(), "playground-edit")
+    browser.find_element(By.ID, "S-3-1").click()
+    for name in ("K", "V"):
+        assert all("hl" in browser.find_element(By.ID, f"{name}-1-{c}").get_attribute("class") for c in range(4))
+        assert "hl" not in (browser.find_element(By.ID, f"{name}-2-0").get_attribute("class") or "")
+    indices = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#S th.index")]
+    assert indices == [str(j) for j in range(6)] * 2
+    for c in range(4):  # query 2 becomes the zero vector: its scores are all 0, its weights uniform
+        field = browser.find_element(By.ID, f"Q-in-2-{c}")
+        browser.execute_script("arguments[0].value = '0'; arguments[0].dispatchEvent(new Event('change'))", field)
+    p_row = browser.execute_script("return window.PLAYGROUND.P[2];")
+    assert all(abs(p - 1 / 6) < 1e-12 for p in p_row)
+    o_row = browser.execute_script("return window.PLAYGROUND.O[2];")
+    v_mean = browser.execute_script("return [0, 1, 2, 3].map(c => DATA.V.reduce((a, r) => a + r[c], 0) / 6);")
+    assert all(abs(o - m) < 1e-9 for o, m in zip(o_row, v_mean))
+    before = browser.execute_script("return DATA.K.map(r => r.slice());")
+    browser.find_element(By.ID, "reseed").click()
+    assert browser.execute_script("return DATA.K;") != before
+    rows = browser.execute_script("return window.PLAYGROUND.P.map(r => r.reduce((a, b) => a + b, 0));")
+    assert all(abs(r - 1) < 1e-9 for r in rows)
+    assert_no_js_errors(browser)
+
+
 def test_page_explains_itself_and_takes_keys(browser, tmp_path):
     """The title names the algorithm and its parameters, an intro says what to watch, a legend names every tile
     state, the counters say their unit; space plays and pauses, the arrows step, Home resets; the speed control
