@@ -203,3 +203,24 @@ def test_page_explains_itself_and_takes_keys(browser, tmp_path):
     time.sleep(0.6)
     assert played > 0 and int(position()) == played  # paused
     assert_no_js_errors(browser)
+
+
+@pytest.mark.parametrize("algo", ["fa2", "decode"])
+def test_sram_holds_only_the_current_programs_tiles(browser, tmp_path, algo):
+    """SRAM shows the tiles the current program (FA2: a Q tile's; decode: a split's) loaded, named in its heading:
+    at the first step of the second program, nothing of the first one is left."""
+    from selenium.webdriver.common.by import By
+    t = trace(algo, seqlen=8, head_dim=4, block_m=2, block_n=2)
+    second = next(i for i, s in enumerate(t.steps) if s.program != t.steps[0].program)
+    open_page(browser, tmp_path, render(t), f"sram-{algo}")
+    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {second};"
+                           "s.dispatchEvent(new Event('input'));")
+    before = browser.find_element(By.ID, "sram-tiles").text
+    assert "K[" in before and t.steps[0].program.lower() in browser.find_element(By.ID, "program").text.lower()
+    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {second + 1};"
+                           "s.dispatchEvent(new Event('input'));")
+    chips = browser.find_element(By.ID, "sram-tiles").text.split()
+    step = t.steps[second]
+    assert chips == [f"{step.tensor}[{step.tile[0]},{step.tile[1]}]"]
+    assert step.program.lower() in browser.find_element(By.ID, "program").text.lower()
+    assert_no_js_errors(browser)

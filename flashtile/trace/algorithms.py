@@ -95,12 +95,14 @@ def naive(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     rows, cols = _blocks(seqlen, block_m), _blocks(seqlen, block_n)
     for bi, (i0, i1) in enumerate(rows):
         for bj, (j0, j1) in enumerate(cols):
+            t.begin(f"S tile ({bi},{bj})")
             t.load("Q", (bi, 0), i1 - i0, head_dim, f"Load Q tile {bi} for S tile ({bi},{bj}).", 0)
             t.load("K", (bj, 0), j1 - j0, head_dim, f"Load K tile {bj}.", 0)
             s_full[i0:i1, j0:j1] = q[i0:i1] @ k[j0:j1].T * scale
             t.store("S", (bi, bj), i1 - i0, j1 - j0, f"S tile ({bi},{bj}) goes back to HBM: N×N scores live there.", 0)
     p_full = np.zeros_like(s_full)
     for bi, (i0, i1) in enumerate(rows):
+        t.begin(f"softmax of row block {bi}")
         for bj, (j0, j1) in enumerate(cols):
             t.load("S", (bi, bj), i1 - i0, j1 - j0, f"Read S tile ({bi},{bj}) back for the softmax.", 1)
         s = _mask(s_full[i0:i1], i0, 0, causal)
@@ -110,6 +112,7 @@ def naive(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
             t.store("P", (bi, bj), i1 - i0, j1 - j0, f"Write P tile ({bi},{bj}): a second N×N matrix.", 1)
     out = np.zeros((seqlen, head_dim))
     for bi, (i0, i1) in enumerate(rows):
+        t.begin(f"P V for row block {bi}")
         for bj, (j0, j1) in enumerate(cols):
             t.load("P", (bi, bj), i1 - i0, j1 - j0, f"Read P tile ({bi},{bj}).", 2)
             t.load("V", (bj, 0), j1 - j0, head_dim, f"Read V tile {bj}.", 2)
@@ -128,6 +131,7 @@ def softmax(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     y = np.zeros_like(x)
     for bi, (i0, i1) in enumerate(_blocks(seqlen, block_m)):
         m, d = np.full(i1 - i0, -np.inf), np.zeros(i1 - i0)
+        t.begin(f"row block {bi}")
         t.compute(f"Row block {bi}: running max m = −inf, denominator d = 0.", 1, m=m, d=d)
         for bj, (j0, j1) in enumerate(_blocks(seqlen, block_n)):
             t.load("x", (bi, bj), i1 - i0, j1 - j0, f"Pass 1: load x tile ({bi},{bj}).", 2)
@@ -163,6 +167,7 @@ def fa1(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     scale = 1 / math.sqrt(head_dim)
     out, m_hbm, l_hbm = np.zeros((seqlen, head_dim)), np.full(seqlen, -np.inf), np.zeros(seqlen)
     for bj, (j0, j1) in enumerate(_blocks(seqlen, block_n)):
+        t.begin(f"outer step {bj} (K/V tile {bj})")
         t.load("K", (bj, 0), j1 - j0, head_dim, f"Outer step {bj}: load K tile {bj} once.", 1)
         t.load("V", (bj, 0), j1 - j0, head_dim, f"Load V tile {bj} once.", 1)
         for bi, (i0, i1) in enumerate(_blocks(seqlen, block_m)):
@@ -195,6 +200,7 @@ def fa2(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     out, lse = np.zeros((seqlen, head_dim)), np.zeros(seqlen)
     for bi, (i0, i1) in enumerate(_blocks(seqlen, block_m)):
         rows = i1 - i0
+        t.begin(f"program {bi} (Q tile {bi})")
         t.load("Q", (bi, 0), rows, head_dim, f"Program {bi}: load Q tile {bi} once; m, l, acc start in registers.", 1)
         m, l, acc = np.full(rows, -np.inf), np.zeros(rows), np.zeros((rows, head_dim))
         for bj, (j0, j1) in enumerate(_blocks(seqlen, block_n)):
@@ -231,6 +237,7 @@ def fa2_bwd(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     rows = _blocks(seqlen, block_m)
     delta = np.zeros(seqlen)
     for bi, (i0, i1) in enumerate(rows):
+        t.begin(f"preprocess, Q tile {bi}")
         t.load("O", (bi, 0), i1 - i0, head_dim, f"Preprocess: load O tile {bi}.", 0)
         t.load("dO", (bi, 0), i1 - i0, head_dim, f"Preprocess: load dO tile {bi}.", 0)
         delta[i0:i1] = (dout[i0:i1] * out[i0:i1]).sum(1)
@@ -239,6 +246,7 @@ def fa2_bwd(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for bj, (j0, j1) in enumerate(_blocks(seqlen, block_n)):
         cols = j1 - j0
+        t.begin(f"program {bj} (K/V tile {bj})")
         t.load("K", (bj, 0), cols, head_dim, f"Program {bj}: load K tile {bj} once.", 2)
         t.load("V", (bj, 0), cols, head_dim, f"Load V tile {bj} once; dK, dV start at 0 in registers.", 2)
         for bi, (i0, i1) in enumerate(rows):
@@ -280,6 +288,7 @@ def decode(seqlen, head_dim, block_m, block_n, causal, seed, itemsize, splits=No
     scale = 1 / math.sqrt(head_dim)
     parts, lses = np.zeros((splits, head_dim)), np.full(splits, -np.inf)
     for s, chunk in enumerate(chunks):
+        t.begin(f"split {s}")
         t.load("q", (0, 0), 1, head_dim, f"Split {s}: load the query.", 1)
         m, l, acc = np.full(1, -np.inf), np.zeros(1), np.zeros((1, head_dim))
         for j0, j1 in chunk:
@@ -292,6 +301,7 @@ def decode(seqlen, head_dim, block_m, block_n, causal, seed, itemsize, splits=No
             parts[s], lses[s] = acc[0] / l[0], m[0] + math.log(l[0])
         t.store("O_part", (s, 0), 1, head_dim, f"Split {s}: store its partial output.", 4, O=parts[s])
         t.store("LSE_part", (s, 0), 1, 1, f"Split {s}: store its log-sum-exp {lses[s]:.3f}.", 4)
+    t.begin("combine")
     for s in range(splits):
         t.load("O_part", (s, 0), 1, head_dim, f"Combine: load partial {s}.", 5)
         t.load("LSE_part", (s, 0), 1, 1, f"Combine: load LSE {s}.", 5)

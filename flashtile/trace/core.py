@@ -13,6 +13,7 @@ class Step:
     caption: str  # one sentence for a learner
     line: int  # index of the kernel line (Trace.code) this step carries out
     state: dict = field(default_factory=dict)  # running values worth showing (m, l, a row of O, ...)
+    program: str = ""  # the program (or pass) the step belongs to: SRAM holds only that program's tiles
 
 
 @dataclass
@@ -26,6 +27,10 @@ class Trace:
     result: dict = field(default_factory=dict)  # final arrays (out, lse, ...)
     params: dict = field(default_factory=dict)  # seqlen, head_dim, block_m, block_n, causal of the run
 
+    def begin(self, program):
+        """The steps from here on belong to ``program`` (a name for a learner: "Q tile 2", "split 1")."""
+        self._program = program
+
     def load(self, tensor, tile, rows, cols, caption, line, **state):
         self._move("load", tensor, tile, rows * cols, caption, line, state)
 
@@ -33,13 +38,17 @@ class Trace:
         self._move("store", tensor, tile, rows * cols, caption, line, state)
 
     def compute(self, caption, line, **state):
-        self.steps.append(Step("compute", "", (), 0, caption, line, _plain(state)))
+        self.steps.append(Step("compute", "", (), 0, caption, line, _plain(state), self._current()))
 
     def skip(self, tensor, tile, caption, line):
-        self.steps.append(Step("skip", tensor, tile, 0, caption, line))
+        self.steps.append(Step("skip", tensor, tile, 0, caption, line, {}, self._current()))
 
     def _move(self, kind, tensor, tile, elements, caption, line, state):
-        self.steps.append(Step(kind, tensor, tuple(tile), elements * self.itemsize, caption, line, _plain(state)))
+        self.steps.append(Step(kind, tensor, tuple(tile), elements * self.itemsize, caption, line, _plain(state),
+                               self._current()))
+
+    def _current(self):
+        return getattr(self, "_program", "")
 
     def bytes_read(self, tensor=None):
         return sum(s.bytes for s in self.steps if s.kind == "load" and tensor in (None, s.tensor))

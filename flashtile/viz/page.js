@@ -70,8 +70,11 @@
     }
     $("counter-total-read").textContent = totalRead;
     $("counter-total-written").textContent = totalWritten;
-    // on chip: the latest tile of each tensor loaded and not yet written back; a store shows only at its own step
-    $("sram-tiles").innerHTML = Object.values(sram).filter((s) => s.kind === "load" || s === last).map((s) =>
+    // on chip: what the current program loaded and has not written back; a store shows only at its own step
+    const program = last ? last.program : "";
+    $("program").textContent = program ? "· " + program : "";
+    $("sram-tiles").innerHTML = Object.values(sram).filter((s) => s.program === program &&
+      (s.kind === "load" || s === last)).map((s) =>
       '<span class="sram-tile ' + s.kind + '">' + s.tensor + "[" + s.tile.join(",") + "]" +
       (s.kind === "store" ? " → HBM" : "") + "</span>").join("");
     document.querySelectorAll("#code .line").forEach((el) => el.classList.remove("current"));
