@@ -101,8 +101,10 @@ def test_causal_skips_exactly_the_future_tiles(algo):
     t = trace(algo, n, d, block, block, causal=True, itemsize=B)
     tiles = n // block
     needed = tiles * (tiles + 1) // 2  # (i, j) with j <= i
-    skipped = sum(1 for s in t.steps if s.kind == "skip")
-    assert skipped == tiles * tiles - needed
+    skipped = {s.pair for s in t.steps if s.kind == "skip"}
+    assert skipped == {(i, j) for i in range(tiles) for j in range(tiles) if j > i}  # every future tile, once
+    assert sum(1 for s in t.steps if s.kind == "skip") == tiles * tiles - needed
+    assert {s.pair for s in t.steps if s.kind == "compute"} == {(i, j) for i in range(tiles) for j in range(i + 1)}
     if algo == "fa2":
         assert t.bytes_read("K") == t.bytes_read("V") == needed * block * d * B
     else:

@@ -79,12 +79,17 @@ def test_page_steps_and_counts(browser, tmp_path, algo, causal):
         n: t.counters().get(n, {"read": 0, "written": 0}) for n in tensors}
     skips = [i for i, s in enumerate(t.steps) if s.kind == "skip"]
     assert bool(skips) == (causal and algo in ("fa1", "fa2", "fa2_bwd"))
-    if skips:  # at a skip step the page shows that tile as skipped
+    assert browser.find_element(By.ID, "work").is_displayed() == (algo in ("fa1", "fa2", "fa2_bwd"))
+    if skips:  # at a skip step the score tiles show that pair's work as skipped, and no HBM tile is hatched
         browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {skips[0] + 1};"
                                "s.dispatchEvent(new Event('input'));")
         step = t.steps[skips[0]]
-        tile = browser.find_element(By.ID, f"hbm-{step.tensor}-{step.tile[0]}-{step.tile[1]}")
-        assert "skip" in tile.get_attribute("class")
+        cell = browser.find_element(By.ID, f"work-{step.pair[0]}-{step.pair[1]}")
+        assert "skip" in cell.get_attribute("class")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#hbm-tensors .tile.skip")
+        done = [s.pair for s in t.steps[:skips[0]] if s.kind == "compute" and s.pair]
+        assert all("touched" in browser.find_element(By.ID, f"work-{i}-{j}").get_attribute("class")
+                   for i, j in done[:-1])
     assert_no_js_errors(browser)
 
 

@@ -172,7 +172,7 @@ def fa1(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
         t.load("V", (bj, 0), j1 - j0, head_dim, f"Load V tile {bj} once.", 1)
         for bi, (i0, i1) in enumerate(_blocks(seqlen, block_m)):
             if _future(i0, i1, j0, causal):
-                t.skip("O", (bi, 0), f"Q tile {bi} cannot see K tile {bj} (causal): skipped.", 2)
+                t.skip((bi, bj), f"Q tile {bi} cannot see K tile {bj} (causal): that work is skipped.", 2)
                 continue
             rows = i1 - i0
             for name, cols in (("Q", head_dim), ("O", head_dim), ("m", 1), ("l", 1)):
@@ -181,8 +181,8 @@ def fa1(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
             m_new, l_new, acc = _tile_step(q[i0:i1], k[j0:j1], v[j0:j1], m, l, o * l[:, None], i0, j0, scale, causal)
             out[i0:i1] = acc / np.where(l_new == 0, 1, l_new)[:, None]
             m_hbm[i0:i1], l_hbm[i0:i1] = m_new, l_new
-            t.compute("Rescale the stored O by its old denominator, add P·V_j, renormalize.", 5, m=m_new, l=l_new,
-                      O=out[i0:i1])
+            t.compute("Rescale the stored O by its old denominator, add P·V_j, renormalize.", 5, (bi, bj), m=m_new,
+                      l=l_new, O=out[i0:i1])
             for name, cols in (("O", head_dim), ("m", 1), ("l", 1)):
                 t.store(name, (bi, 0), rows, cols, f"Write {name} tile {bi} back: the next outer step reads it.", 6)
     lse = np.where(l_hbm > 0, m_hbm + np.log(np.where(l_hbm > 0, l_hbm, 1)), -np.inf)
@@ -205,12 +205,12 @@ def fa2(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
         m, l, acc = np.full(rows, -np.inf), np.zeros(rows), np.zeros((rows, head_dim))
         for bj, (j0, j1) in enumerate(_blocks(seqlen, block_n)):
             if _future(i0, i1, j0, causal):
-                t.skip("K", (bj, 0), f"K/V tile {bj} lies wholly in Q tile {bi}'s future: never loaded.", 2)
+                t.skip((bi, bj), f"K/V tile {bj} lies wholly in Q tile {bi}'s future: never loaded.", 2)
                 continue
             t.load("K", (bj, 0), j1 - j0, head_dim, f"Load K tile {bj}.", 3)
             t.load("V", (bj, 0), j1 - j0, head_dim, f"Load V tile {bj}.", 3)
             m, l, acc = _tile_step(q[i0:i1], k[j0:j1], v[j0:j1], m, l, acc, i0, j0, scale, causal)
-            t.compute("Online softmax: rescale acc and l by exp(m − m_new), add this tile.", 5, m=m, l=l)
+            t.compute("Online softmax: rescale acc and l by exp(m − m_new), add this tile.", 5, (bi, bj), m=m, l=l)
         out[i0:i1] = acc / np.where(l == 0, 1, l)[:, None]
         lse[i0:i1] = np.where(l > 0, m + np.log(np.where(l > 0, l, 1)), -np.inf)
         t.store("O", (bi, 0), rows, head_dim, f"Normalize once and store O tile {bi}: its only write.", 6,
@@ -251,13 +251,13 @@ def fa2_bwd(seqlen, head_dim, block_m, block_n, causal, seed, itemsize):
         t.load("V", (bj, 0), cols, head_dim, f"Load V tile {bj} once; dK, dV start at 0 in registers.", 2)
         for bi, (i0, i1) in enumerate(rows):
             if _future(i0, i1, j0, causal):
-                t.skip("Q", (bi, 0), f"Q tile {bi} cannot see K tile {bj} (causal): its work is skipped.", 3)
+                t.skip((bi, bj), f"Q tile {bi} cannot see K tile {bj} (causal): its work is skipped.", 3)
                 continue
             r = i1 - i0
             for name, width in (("Q", head_dim), ("dO", head_dim), ("LSE", 1), ("D", 1)):
                 t.load(name, (bi, 0), r, width, f"Load {name} tile {bi}.", 4)
             p = np.exp(_mask(q[i0:i1] @ k[j0:j1].T * scale, i0, j0, causal) - lse[i0:i1, None])  # [r, cols]
-            t.compute("Recompute P from Q, K and the saved LSE: the N×N probabilities never reach HBM.", 5)
+            t.compute("Recompute P from Q, K and the saved LSE: the N×N probabilities never reach HBM.", 5, (bi, bj))
             dv[j0:j1] += p.T @ dout[i0:i1]
             ds = p * (dout[i0:i1] @ v[j0:j1].T - delta[i0:i1, None])
             t.compute("dV += Pᵀ dO;  dS = P ∘ (dO Vᵀ − D).", 6)

@@ -6,7 +6,7 @@ import numpy as np
 
 @dataclass
 class Step:
-    kind: str  # "load" (HBM -> SRAM), "store" (SRAM -> HBM), "compute", or "skip" (a tile never touched)
+    kind: str  # "load" (HBM -> SRAM), "store" (SRAM -> HBM), "compute", or "skip" (a score tile's work left out)
     tensor: str  # which tensor the tile belongs to ("" for compute)
     tile: tuple  # (row block, column block) of that tensor's tile grid
     bytes: int  # HBM bytes moved (0 for compute and skip)
@@ -14,6 +14,7 @@ class Step:
     line: int  # index of the kernel line (Trace.code) this step carries out
     state: dict = field(default_factory=dict)  # running values worth showing (m, l, a row of O, ...)
     program: str = ""  # the program (or pass) the step belongs to: SRAM holds only that program's tiles
+    pair: tuple = ()  # (Q tile, K/V tile) of the score tile a compute step works on or a skip step leaves out
 
 
 @dataclass
@@ -37,11 +38,12 @@ class Trace:
     def store(self, tensor, tile, rows, cols, caption, line, **state):
         self._move("store", tensor, tile, rows * cols, caption, line, state)
 
-    def compute(self, caption, line, **state):
-        self.steps.append(Step("compute", "", (), 0, caption, line, _plain(state), self._current()))
+    def compute(self, caption, line, pair=(), **state):
+        self.steps.append(Step("compute", "", (), 0, caption, line, _plain(state), self._current(), tuple(pair)))
 
-    def skip(self, tensor, tile, caption, line):
-        self.steps.append(Step("skip", tensor, tile, 0, caption, line, {}, self._current()))
+    def skip(self, pair, caption, line):
+        """The work of score tile ``pair`` (Q tile, K/V tile) is never done: the causal mask removes all of it."""
+        self.steps.append(Step("skip", "", (), 0, caption, line, {}, self._current(), tuple(pair)))
 
     def _move(self, kind, tensor, tile, elements, caption, line, state):
         self.steps.append(Step(kind, tensor, tuple(tile), elements * self.itemsize, caption, line, _plain(state),

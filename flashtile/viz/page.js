@@ -5,6 +5,7 @@
   let timer = null;
   const $ = (id) => document.getElementById(id);
   const tensors = Object.keys(TRACE.shapes);
+  const pairs = steps.filter((s) => s.pair && s.pair.length);
 
   function gridSize(name) {
     const [rows, cols] = TRACE.shapes[name], [tr, tc] = TRACE.tiles[name];
@@ -40,25 +41,43 @@
     $("code").innerHTML = TRACE.code.map((line, i) => '<span class="line" id="code-line-' + i + '">' +
       String(i).padStart(2) + "  " + line.replace(/&/g, "&amp;").replace(/</g, "&lt;") + "</span>").join("");
     $("steps").innerHTML = steps.map((s, i) => '<li id="step-' + i + '">' + s.kind +
-      (s.tensor ? " " + s.tensor + "[" + s.tile.join(",") + "]" : "") + " — " + s.caption + "</li>").join("");
+      (s.tensor ? " " + s.tensor + "[" + s.tile.join(",") + "]" : s.pair && s.pair.length ? " S(" + s.pair.join(",") +
+       ")" : "") + " — " + s.caption + "</li>").join("");
     steps.forEach((s, i) => $("step-" + i).addEventListener("click", () => show(i + 1)));
     $("scrub").max = steps.length;
+    if (pairs.length) {  // the (Q tile, K/V tile) work: done, being done, or skipped by the mask
+      const [qr] = gridSize("Q"), [kr] = gridSize("K");
+      const grid = $("work-grid");
+      grid.style.gridTemplateColumns = "repeat(" + kr + ", 22px)";
+      for (let i = 0; i < qr; i++) for (let j = 0; j < kr; j++) {
+        const tile = document.createElement("div");
+        tile.className = "tile";
+        tile.id = "work-" + i + "-" + j;
+        tile.textContent = i + "," + j;
+        grid.appendChild(tile);
+      }
+      $("work").hidden = false;
+    }
   }
   function show(n) {
     current = Math.max(0, Math.min(n, steps.length));
     const read = {}, written = {}, sram = {};
     for (const t of tensors) { read[t] = 0; written[t] = 0; }
-    document.querySelectorAll("#hbm-tensors .tile").forEach((el) => { el.className = "tile"; });
+    document.querySelectorAll("#hbm-tensors .tile, #work-grid .tile").forEach((el) => { el.className = "tile"; });
     for (let i = 0; i < current; i++) {
       const s = steps[i];
+      if (s.pair && s.pair.length) {
+        const cell = $("work-" + s.pair.join("-"));
+        if (cell) cell.className = "tile " + (s.kind === "skip" ? "skip" : i === current - 1 ? "load" : "touched");
+      }
       if (!s.tensor) continue;
       const el = $("hbm-" + s.tensor + "-" + s.tile.join("-"));
       if (s.kind === "load") { read[s.tensor] += s.bytes; sram[s.tensor] = s; }
       if (s.kind === "store") { written[s.tensor] += s.bytes; sram[s.tensor] = s; }
-      if (el) el.className = "tile " + (s.kind === "skip" ? "skip" : "touched");
+      if (el) el.className = "tile touched";
     }
     const last = current > 0 ? steps[current - 1] : null;
-    if (last && last.tensor && last.kind !== "skip") {
+    if (last && last.tensor) {
       const el = $("hbm-" + last.tensor + "-" + last.tile.join("-"));
       if (el) el.className = "tile " + last.kind;
     }
