@@ -44,10 +44,7 @@ def _check_sink(learnable_sink, nheads, device):
 def _finish(out, lse, sink, heads_dim, return_attn_probs):
     """out (and the LSE) after the sinks, where there are any."""
     if sink is not None:
-        out = ops.with_sinks(out, lse, sink, heads_dim)
-        shape = [1] * lse.dim()
-        shape[heads_dim] = -1
-        lse = torch.logaddexp(lse, sink.float().reshape(shape))
+        out, lse = ops.with_sinks(out, lse, sink, heads_dim)
     return (out, lse, None) if return_attn_probs else out
 
 

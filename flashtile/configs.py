@@ -205,8 +205,8 @@ class HopperBwdConfig:
 # kernel, 128x64 tiles, 2 stages, 0.386/0.699/2.366 ms causal at N = 2k/4k/16k against the best portable tiles'
 # 0.473/0.851/2.928 (64x64); non-causal its 128-key tiles, 0.627/1.217/4.587 against 0.658/1.249/4.719 for 64 keys
 # and the portable 0.707/1.326/5.042 (128x64, 8 warps). Causal, 128 keys were -1.5 % to +3 %: 64 kept. The
-# portable tiles stay for dq_hopper=None (docs/results/dq-sweep-v1.md: the best of 13 there). single_pass: one
-# pass won 1.03-1.10x non-causal and lost 0.89-0.98x causal (docs/results/bwd-single-pass-run39.md, section 6).
+# portable tiles stay for dq_hopper=None (docs/results/dq-sweep-v1.md: the best of 13 there). single_pass where the
+# one pass beat the two kernels: non-causal only (docs/results/bwd-single-pass-run39.md, section 6).
 BWD_HOPPER = {
     (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none"), dq_hopper=HopperDqConfig(block_n=128),
                                   single_pass=True),

@@ -19,7 +19,6 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from . import checks, ops
 
@@ -42,8 +41,7 @@ def ring_attention(q, k, v, causal=False, softmax_scale=None, group=None, layout
     head_dim = q.shape[-1]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     group = group if group is not None else dist.group.WORLD
-    if head_dim % 8:  # zero-padded as flash_attn_func does: the same scores, O's extra columns 0
-        q, k, v = (F.pad(t, (0, 8 - head_dim % 8)) for t in (q, k, v))
+    q, k, v = ops.pad_head_dim(q, k, v)
     return _Ring.apply(q, k, v, causal, scale, group, layout)[..., :head_dim]
 
 

@@ -196,8 +196,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     return _new_out(q, heads_first_out), _new_lse(q, cu_seqlens_q is not None)
 
 
-@torch.library.custom_op("flashtile::bwd", mutates_args=())
-def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
         bottom_right: bool, deterministic: bool, softcap: float = 0.0,
@@ -206,6 +205,9 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
     return attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
                               deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse)
+
+
+bwd = torch.library.custom_op("flashtile::bwd", mutates_args=())(_bwd_impl)
 
 
 @bwd.register_fake
@@ -222,12 +224,18 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dout, dlse):
+def _saved_grads(ctx, dout, dlse, backward):
+    """dq, dk, dv (None for the other inputs) by ``backward`` (the ``bwd`` op, or its function) from what
+    _setup_context saved; dout is None where only the LSE took a gradient."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse)
     return (dq, dk, dv) + (None, ) * 12
+
+
+def _backward(ctx, dout, dlse):
+    return _saved_grads(ctx, dout, dlse, bwd)
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -235,37 +243,38 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class _Attention(torch.autograd.Function):
     """The same forward and backward as the ``fwd`` op, for eager calls: autograd without the custom op's dispatch
-    and checks, which cost more host time than a short step's kernels take (docs/perf.md, backward v5)."""
+    and checks, which cost more host time than a short step's kernels take (docs/perf.md, "The step around the
+    kernels")."""
 
     @staticmethod
     def forward(ctx, *args):
-        out, lse = _fwd_impl(*args)
-        ctx.save_for_backward(*args[:3], out, lse, *args[3:5])
-        ctx.params = args[5:11] + args[12:]
-        ctx.set_materialize_grads(False)
-        return out, lse
+        output = _fwd_impl(*args)
+        _setup_context(ctx, args, output)
+        return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        max_q, max_k, scale, left, right, bottom_right, deterministic, softcap, alibi = ctx.params
-        if dout is None:  # only the LSE took a gradient
-            dout = torch.zeros_like(out)
-        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, scale, (left, right), bottom_right, deterministic,
-                                        cu_seqlens_q, cu_seqlens_k, max_q, max_k, softcap=softcap,
-                                        alibi_slopes=alibi, dlse=dlse)
-        return (dq, dk, dv) + (None, ) * 12
+        return _saved_grads(ctx, dout, dlse, _bwd_impl)
 
 
 def with_sinks(out, lse, sinks, heads_dim):
-    """Attention with one learned sink logit per head (gpt-oss's ``s_aux``, FA4's ``learnable_sink``), from attention without: the sink joins
-    each row's softmax denominator only, so out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink).
+    """(out, lse) of attention with one learned sink logit per head (gpt-oss's ``s_aux``, FA4's ``learnable_sink``)
+    from attention without: the sink joins each row's softmax denominator only, so out becomes
+    out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink) and lse logaddexp(lse, sink).
     Differentiable in out, the LSE and the sinks. ``heads_dim``: where lse keeps its heads (0: (heads, rows),
     1: (batch, heads, rows)); out keeps them second to last."""
     shape = [1] * lse.dim()
     shape[heads_dim] = -1
-    factor = torch.sigmoid(lse - sinks.float().reshape(shape)).movedim(heads_dim, -1)  # [..., rows, heads]
-    return (out.float() * factor[..., None]).to(out.dtype)
+    sinks = sinks.float().reshape(shape)
+    factor = torch.sigmoid(lse - sinks).movedim(heads_dim, -1)  # [..., rows, heads]
+    return (out.float() * factor[..., None]).to(out.dtype), torch.logaddexp(lse, sinks)
+
+
+def pad_head_dim(*tensors):
+    """The tensors with their last dim zero-padded to a multiple of 8, as flash-attn pads head dims (the same
+    scores; O's and the gradients' extra columns come out 0): a tensor descriptor needs 16-byte rows."""
+    extra = -tensors[0].shape[-1] % 8
+    return tensors if not extra else tuple(F.pad(t, (0, extra)) for t in tensors)
 
 
 def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k):
@@ -289,11 +298,10 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
                     alibi_slopes=None):
     """The differentiable attention every entry point calls: (out, lse). torch.compile traces the ``fwd`` op; eager
     calls run the same kernels without its dispatch (_Attention where something needs a gradient). A head dim
-    that is not a multiple of 8 is padded with zeros, as flash-attn does (the same scores; O's extra columns are 0
-    and are sliced off): a tensor descriptor needs 16-byte rows."""
+    that is not a multiple of 8 is padded (pad_head_dim) and O's extra columns sliced off."""
     head_dim = q.shape[-1]
     if head_dim % 8:
-        q, k, v = (F.pad(t, (0, 8 - head_dim % 8)) for t in (q, k, v))
+        q, k, v = pad_head_dim(q, k, v)
         out, lse = flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic, heads_first_out,
                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap, alibi_slopes)
         return out[..., :head_dim], lse

@@ -30,12 +30,6 @@ def _window(left, right, causal):
     return (left, 0) if causal else (left, right)
 
 
-def _pad8(*tensors):
-    """Head dims to a multiple of 8 (zeros), as flash_attn_func pads them: a descriptor needs 16-byte rows."""
-    extra = -tensors[0].shape[-1] % 8
-    return tensors if not extra else tuple(torch.nn.functional.pad(t, (0, extra)) for t in tensors)
-
-
 def _refuse(dropout_p=0.0, seqused_k=None, alibi_slopes=None, block_table=None):
     checks.not_implemented(dropout_p=dropout_p)
     for name, value in (("seqused_k", seqused_k), ("alibi_slopes", alibi_slopes), ("block_table", block_table)):
@@ -66,7 +60,7 @@ def _backward(dout, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, scale
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     packed = cum_seq_q is not None and cum_seq_q.numel() > 0
     cu = (cum_seq_q.to(torch.int32), cum_seq_k.to(torch.int32)) if packed else (None, None)
-    dout, q, k, v, out = _pad8(dout, q, k, v, out)
+    dout, q, k, v, out = ops.pad_head_dim(dout, q, k, v, out)
     grads = ops.attention_backward(dout, q, k, v, out, lse, scale, window, bottom_right,
                                    torch.are_deterministic_algorithms_enabled(), cu[0], cu[1],
                                    int(max_q) if packed else None, int(max_k) if packed else None)

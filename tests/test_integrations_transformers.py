@@ -139,3 +139,15 @@ def test_unpad_and_pad_are_inverse():
     assert cu.dtype == torch.int32
     back = flashtile_hf.pad(rows, index, 3, 5)
     assert torch.equal(back[mask], x[mask]) and not back[~mask].any()
+
+
+def test_padding_is_derived_once_a_forward(monkeypatch):
+    """The packed indices of a padding mask (a host sync) come once a forward, not once a layer."""
+    ref, ours = tiny()
+    ids, mask = batch("left")
+    calls = []
+    real = flashtile_hf.unpad_input
+    monkeypatch.setattr(flashtile_hf, "unpad_input", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        ours(input_ids=ids, attention_mask=mask)
+    assert len(calls) == 2  # keys and queries, for both layers

@@ -38,17 +38,41 @@ def unpad(x, mask):
     return unpad_input(x, mask)[:4]
 
 
+_derived = {}  # what the last mask or position ids gave: every layer of a forward sees the same tensor
+
+
+def _once(tensor, key, derive):
+    """derive(tensor), computed once for this tensor (and key) while its contents stay the same: its host syncs are
+    paid once a forward, not once a layer."""
+    entry = _derived.get(key)
+    if entry is None or entry[0] is not tensor or entry[1] != tensor._version:
+        entry = (tensor, tensor._version, derive(tensor))
+        _derived[key] = entry
+    return entry[2]
+
+
+def _padding(mask, seqlen_q):
+    """(key indices, cu_seqlens_k, longest keys, query indices, cu_seqlens_q, longest queries) of a 2-D padding mask;
+    the queries are the last seqlen_q keys."""
+    def derive(mask):
+        mask = mask.bool()
+        _, k_index, cu_k, max_k, _ = unpad_input(mask[..., None], mask)
+        _, q_index, cu_q, max_q, _ = unpad_input(mask[:, -seqlen_q:, None], mask[:, -seqlen_q:])
+        return k_index, cu_k, max_k, q_index, cu_q, max_q
+    return _once(mask, ("mask", seqlen_q), derive)
+
+
 def _packed_from_positions(position_ids):
-    """cu_seqlens (int32) and the longest length of the sequences packed in one row, where position ids restart at
-    0; None if they never restart (one sequence)."""
-    positions = position_ids.flatten()
-    starts = torch.nonzero(positions == 0).flatten()
-    if starts.numel() <= 1 and (starts.numel() == 0 or int(starts[0]) == 0):
-        return None
-    bounds = torch.cat([starts, torch.tensor([positions.numel()], device=positions.device)])
-    if int(bounds[0]) != 0:
-        bounds = torch.cat([torch.zeros(1, dtype=bounds.dtype, device=bounds.device), bounds])
-    return bounds.to(torch.int32), int(bounds.diff().max())
+    """(cu_seqlens (int32), the longest length) of the sequences packed in one row, where position ids restart at 0;
+    None if they never restart (one sequence). One host sync, once a forward."""
+    def derive(position_ids):
+        starts = torch.nonzero(position_ids.flatten() == 0).flatten().tolist()
+        if starts in ([], [0]):
+            return None
+        bounds = sorted({0, *starts, position_ids.numel()})
+        return (torch.tensor(bounds, dtype=torch.int32, device=position_ids.device),
+                max(b - a for a, b in zip(bounds, bounds[1:])))
+    return _once(position_ids, ("positions", ), derive)
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, softcap=None,
@@ -68,14 +92,13 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
         if s_aux is None:
             return result
         out, lse, _ = result
-        return with_sinks(out, lse, s_aux, heads_dim)
+        return with_sinks(out, lse, s_aux, heads_dim)[0]
 
     batch, seqlen_q = q.shape[:2]
     if attention_mask is not None:
-        mask = attention_mask.bool()
-        k_rows, k_index, cu_k, max_k = unpad(k, mask)
-        v_rows = v.reshape(-1, *v.shape[2:])[k_index]
-        q_rows, q_index, cu_q, max_q = unpad(q, mask[:, -seqlen_q:])  # the queries are the last keys
+        k_index, cu_k, max_k, q_index, cu_q, max_q = _padding(attention_mask, seqlen_q)
+        k_rows, v_rows = (t.reshape(-1, *t.shape[2:])[k_index] for t in (k, v))
+        q_rows = q.reshape(-1, *q.shape[2:])[q_index]
         out = finish(api.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options), 0)
         return pad(out, q_index, batch, seqlen_q), None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
