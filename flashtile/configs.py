@@ -171,7 +171,7 @@ FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
 FROZEN_MAX = os.environ.get("FLASHTILE_FROZEN_MAX", "1") != "0"
 
 # The backward: "auto" (kernels/bwd_hopper.py where its config's min_seqlen_k allows, else kernels/bwd.py),
-# "hopper" (bwd_hopper wherever it applies: sm90, D=128, bf16/fp16, batch mode, full or causal) or "portable".
+# "hopper" (bwd_hopper wherever it applies: sm90, D=64/128/256, bf16/fp16, batch mode, full or causal) or "portable".
 BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "auto")
 
 
@@ -190,14 +190,21 @@ class HopperBwdConfig:
     """The sm90 backward (kernels/bwd_hopper.py): the Gluon dK/dV kernel's tiles and the dQ kernel's: the
     portable Q-tile programs (``dq``: its block_m2, block_n2, warps, stages) or, with ``dq_hopper``, the Gluon
     dQ kernel."""
-    dq: BwdConfig
+    dq: Optional[BwdConfig] = None
     block_m: int = 64  # Q rows per step
-    block_n: int = 128  # keys per program, half to each consumer warpgroup
+    block_n: int = 128  # keys per program, half to each consumer warpgroup (split_gradients: all to both)
     num_stages: int = 2  # Q/dO tiles in the shared-memory ring
     consumer_regs: int = 240
     min_seqlen_k: int = 2048  # "auto" takes it from here: it was measured from 2k keys up
     dq_hopper: Optional[HopperDqConfig] = None
     single_pass: bool = False  # dQ reduced in L2 from the dK/dV kernel (deterministic=True keeps two kernels)
+    split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (bwd_split_hopper.py)
+
+    def __post_init__(self):
+        if self.dq is None and self.dq_hopper is None:
+            raise ValueError("HopperBwdConfig needs a dQ kernel (dq or dq_hopper): deterministic=True runs it")
+        if self.single_pass and self.split_gradients:
+            raise ValueError("HopperBwdConfig: single_pass adds dQ from the paired warpgroups, not split_gradients")
 
 
 # Keyed by (head dim, causal). scripts/bwd_split.py on the H200 (docs/results/bwd-split-v1.md, B·N = 16k, 16 heads):
@@ -211,6 +218,18 @@ BWD_HOPPER = {
     (128, False): HopperBwdConfig(BwdConfig(64, 64, 128, 64, 8, 3, "none"), dq_hopper=HopperDqConfig(block_n=128),
                                   single_pass=True),
     (128, True): HopperBwdConfig(BwdConfig(64, 64, 64, 64, 4, 3, "none"), dq_hopper=HopperDqConfig()),
+    # one pass, 3 stages: the fastest D=64 non-causal design from 4k keys, below it the portable one-launch kernel
+    # (docs/results/bwd-hopper-sweep-run40.md)
+    (64, False): HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128), single_pass=True,
+                                 min_seqlen_k=4096),
+    # two kernels tie the portable backward causal at every length and need no atomics (bwd-hopper-sweep-run40.md)
+    (64, True): HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), min_seqlen_k=0),
+    # one warpgroup per gradient: the only tiles whose two fp32 gradients fit; 64 query rows a step beat 32 by 6-10 %
+    # (bwd-hopper-sweep-run40.md); the portable kernel spills at D=256 at every length
+    (256, False): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True,
+                                  min_seqlen_k=0),
+    (256, True): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True,
+                                 min_seqlen_k=0),
 }
 
 

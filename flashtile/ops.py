@@ -143,7 +143,7 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     if cu_seqlens_q is not None:
         _ensure_allocator(q.device)
-    if (config is None and not softcap and alibi_slopes is None and not (deterministic and dlse is not None)
+    if (config is None and not softcap and alibi_slopes is None
             and _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q)):
         from .kernels.bwd_hopper import launch_bwd_hopper
         launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right,

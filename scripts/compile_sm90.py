@@ -95,7 +95,7 @@ def shipped_jobs():
     jobs += [(compile_bwd, (pad, causal, cfg, varlen, atomic, False)) for (pad, causal), cfg in configs.BWD_SM90.items()
              for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
     jobs += [(compile_bwd, (head_dim, causal, cfg.dq, False, "none", True))
-             for (head_dim, causal), cfg in configs.BWD_HOPPER.items()]
+             for (head_dim, causal), cfg in configs.BWD_HOPPER.items() if cfg.dq is not None]
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     jobs += [(compile_hopper_fwd, (head_dim, causal, cfg)) for (head_dim, causal), top in configs.FWD_HOPPER.items()
              if GLUON_VERSION_OK for cfg in configs.hopper_fwd_chain(top)]
@@ -144,32 +144,49 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
                 config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs)
 
 
-def compile_hopper_bwd(causal, single_pass=False):
-    """The Gluon dK/dV kernel (kernels/bwd_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd; with ``single_pass``
-    handing dS·K to the copy engine's reduce-add into a float32 dQ."""
+def _backward_inputs(head_dim, nheads_k):
+    """CPU tensors for the Gluon backward launchers: (q, k, lse), 8 query heads over ``nheads_k`` KV heads."""
+    import torch
+    q = torch.empty(2, 1024, 8, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(2, 1024, nheads_k, head_dim, dtype=torch.bfloat16)
+    return q, k, torch.empty(2, 8, 1024)
+
+
+def compile_hopper_bwd(causal, single_pass=False, head_dim=128):
+    """The Gluon dK/dV kernel (kernels/bwd_hopper.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
+    ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ."""
     import torch
     from flashtile.kernels import bwd_hopper
-    q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16)
-    k, v = (torch.empty(2, 1024, 2, 128, dtype=torch.bfloat16) for _ in range(2))
-    lse = torch.empty(2, 8, 1024)
-    config = configs.BWD_HOPPER[(128, causal)]
+    q, k, lse = _backward_inputs(head_dim, 2)
+    config = configs.BWD_HOPPER[(head_dim, causal)]
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config)) if single_pass else None
-    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, torch.empty_like(k), torch.empty_like(v), lse, lse, 0.1,
+    grid, args, kwargs = bwd_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse, 0.1,
                                                 causal, True, config, dq_acc)
     row = _compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs)
-    return dict(row, head_dim=128, config=[], causal=causal, single_pass=single_pass)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass)
 
 
-def compile_hopper_dq(causal, config=None):
-    """The Gluon dQ kernel (kernels/bwd_dq_hopper.py), D=128, GQA 8/2, as compile_hopper_fwd."""
+def compile_hopper_split(causal, nheads_k=2, head_dim=256):
+    """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/bwd_split_hopper.py) with its shipped config,
+    8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants)."""
     import torch
+    from flashtile.kernels import bwd_split_hopper
+    q, k, lse = _backward_inputs(head_dim, nheads_k)
+    config = configs.BWD_HOPPER[(head_dim, causal)]
+    grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
+                                                      0.1, causal, True, config)
+    row = _compile_gluon(bwd_split_hopper.flash_bwd_dkdv_split_kernel, args, kwargs)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k)
+
+
+def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False):
+    """The Gluon dQ kernel (kernels/bwd_dq_hopper.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
+    one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it."""
     from flashtile.kernels import bwd_dq_hopper
-    config = config or configs.HopperDqConfig()
-    q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16)
-    k = torch.empty(2, 1024, 2, 128, dtype=torch.bfloat16)
-    lse = torch.empty(2, 8, 1024)
-    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config)
-    return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=128,
+    config = config or configs.BWD_HOPPER[(head_dim, causal)].dq_hopper
+    q, k, lse = _backward_inputs(head_dim, 2)
+    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in)
+    return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=head_dim,
                 config=list(config.__dict__.values()), causal=causal)
 
 

@@ -347,7 +347,8 @@ def test_dq_programs_that_write_delta(causal):
                    delta=delta, write_delta=True)
 
 
-def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq():
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     """The launches around the sm90 single-pass backward: the preprocess writes delta and zeros over every row of
     the float32 head-major dQ (rows rounded up to whole tiles, here 128 ≥ 77, on a NaN-filled buffer), and the cast
     writes scale · dQacc (each tile's halves in the order the kernel's threads hold them) into a (batch, seqlen,
@@ -363,10 +364,11 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq():
     expected = (out.float() * dout.float()).sum(-1).transpose(1, 2)
     torch.testing.assert_close(delta, expected, atol=1e-3, rtol=1e-3)
     from flashtile.kernels.bwd_hopper import dq_tile_order
-    full = torch.randn(2, 3, 128, 128)  # (batch, head, two 64-row Q tiles, head dim 128)
-    acc = dq_tile_order(full.reshape(2, 3, 2, 64, 2, 64).transpose(3, 4)).reshape(2, 3, 128, 128)
+    full = torch.randn(2, 3, 128, head_dim)  # (batch, head, two 64-row Q tiles, head dim)
+    halves = full.reshape(2, 3, 2, 64, 2, head_dim // 2).transpose(3, 4)  # each warpgroup's columns
+    acc = dq_tile_order(halves).reshape(2, 3, 128, head_dim)
     assert not torch.equal(acc, full)
-    dq = torch.full((2, 77, 3, 128), float("nan"), dtype=torch.float16)
+    dq = torch.full((2, 77, 3, head_dim), float("nan"), dtype=torch.float16)
     bwd.launch_dq_cast(acc, dq, 0.25)
     assert torch.equal(dq, (full[:, :, :77] * 0.25).half().transpose(1, 2))
 

@@ -35,10 +35,11 @@ def test_forward_compiles_for_sm90():
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
+    portable_dq = sum(c.dq is not None for c in configs.BWD_HOPPER.values())  # the sm90 backward's dQ programs
     hopper_fwd = sum(len(list(configs.hopper_fwd_chain(c))) for c in configs.FWD_HOPPER.values())
-    assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + len(configs.BWD_HOPPER)
+    assert len(rows) == (2 * len(configs.FWD_SM90) + 2 * bwd_variants + portable_dq
                          + hopper_fwd * len(hopper))
-    assert sum(r.get("delta_here", False) for r in rows) == len(configs.BWD_HOPPER)  # the sm90 dQ programs
+    assert sum(r.get("delta_here", False) for r in rows) == portable_dq  # the sm90 dQ programs
     for row in rows:
         assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
         assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
@@ -104,27 +105,48 @@ def _gluon_backward_rows(function, extra=""):
 
 
 def test_hopper_backward_compiles_for_sm90():
-    """kernels/bwd_hopper.py: warp-specialized, wgmma asynchronous, within shared memory. It spills a
+    """kernels/bwd_hopper.py: warp-specialized, wgmma asynchronous, within shared memory. At D=128 it spills a
     few loop-invariant scalars (ptxas -v: 108 bytes non-causal, 220 causal with GQA: its branch that masks only
-    the diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md)."""
-    for row in _gluon_backward_rows("compile_hopper_bwd"):
-        assert row["wgmma"] == 48 and row["local"] <= 240, row  # 2 consumers x (8 + 8 + 4 + 4) k-steps
+    the diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md); D=64 none."""
+    for row in _gluon_backward_rows("compile_hopper_bwd") + _gluon_backward_rows("compile_hopper_bwd", ", False, 64"):
+        k_steps = 2 * (row["head_dim"] // 16) + 2 * 4  # Sᵀ, dPᵀ over the head dim; dV, dK over 64 query rows
+        assert row["wgmma"] == 2 * k_steps, row  # two consumers
+        assert row["local"] <= (240 if row["head_dim"] == 128 else 0), row
         assert row["atomics"] == row["tma_reduce"] == 0, row
 
 
 def test_hopper_single_pass_backward_compiles_for_sm90():
-    """kernels/bwd_hopper.py in one pass: each consumer adds dS K for its 64 of dQ's columns over both consumers'
-    keys (two more products), handed to the copy engine as one [128, 32] float32 box, no atomics; wgmma asynchronous;
-    ptxas spills 220 bytes non-causal, 308 causal (the shipped configs run it non-causal only)."""
-    for row in _gluon_backward_rows("compile_hopper_bwd", ", True"):
-        assert row["wgmma"] == 64 and row["local"] <= 320, row  # 2 consumers x (8 + 8 + 4 + 4 + 2 x 4) k-steps
+    """kernels/bwd_hopper.py in one pass: each consumer adds dS K for its half of dQ's columns over both consumers'
+    keys (two more products), handed to the copy engine as one [D, 32] float32 box, no atomics; wgmma asynchronous;
+    ptxas spills 220 bytes non-causal, 308 causal at D=128, none at D=64."""
+    for row in (_gluon_backward_rows("compile_hopper_bwd", ", True")
+                + _gluon_backward_rows("compile_hopper_bwd", ", True, 64")):
+        k_steps = 2 * (row["head_dim"] // 16) + 2 * 4 + 2 * 4  # ... and dQ over each consumer's 64 keys
+        assert row["wgmma"] == 2 * k_steps, row
+        assert row["local"] <= (320 if row["head_dim"] == 128 else 0), row
         assert row["tma_reduce"] == 2 and row["atomics"] == 0, row
 
 
-def test_hopper_dq_compiles_for_sm90():
-    """kernels/bwd_dq_hopper.py: warp-specialized, wgmma asynchronous, no spills, within shared memory."""
-    for row in _gluon_backward_rows("compile_hopper_dq"):
-        assert row["wgmma"] == 40 and row["local"] == 0, row  # 2 consumers x (8 + 8 + 4) k-steps
+@pytest.mark.parametrize("delta_in", [False, True], ids=["delta-here", "delta-in"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_hopper_dq_compiles_for_sm90(head_dim, delta_in):
+    """kernels/bwd_dq_hopper.py with each head dim's shipped tiles, computing delta or reading it: warp-specialized,
+    wgmma asynchronous, no spills, within shared memory."""
+    from flashtile import configs
+    rows = _gluon_backward_rows("compile_hopper_dq", f", None, {head_dim}, {delta_in}")
+    for row, causal in zip(rows, (False, True)):
+        block_n = configs.BWD_HOPPER[(head_dim, causal)].dq_hopper.block_n
+        assert row["wgmma"] == 2 * (2 * head_dim // 16 + block_n // 16) and row["local"] == 0, row  # S, dP; dQ
+
+
+@pytest.mark.parametrize("nheads_k", [1, 2, 8], ids=lambda h: f"hk{h}")
+def test_hopper_split_backward_compiles_for_sm90(nheads_k):
+    """kernels/bwd_split_hopper.py (D=256): one warpgroup per gradient, each two products a step (Sᵀ and dV, dPᵀ and
+    dK), no spills, within shared memory; GQA groups of 8, 4 and 1 (a group or head count of 1 arrives as a
+    constant, which once failed to compile on the GPU)."""
+    for row in _gluon_backward_rows("compile_hopper_split", f", {nheads_k}"):
+        assert row["wgmma"] == 2 * (256 // 16) + 2 * (64 // 16) and row["local"] == 0, row
+        assert row["wgmma_rs"] == 2 * (64 // 16) and row["atomics"] == 0, row  # Pᵀ and dSᵀ from registers
 
 
 def test_hopper_forward_192_rows_compiles_for_sm90():

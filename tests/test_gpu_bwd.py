@@ -61,8 +61,8 @@ def test_ragged_gqa_gradients(head_dim, deterministic):
                          ids=lambda s: f"n{s[0]}-d{s[1]}")
 def test_large_negative_scores_gradients(shape, dtype, deterministic):
     """Scores of about -50 (negative_scores) with a ragged last K/V tile, on every backward the GPU picks: the
-    portable one (dQ by bulk reduce-add at D=64, Q-tile programs at D=128 under 2k keys) and the sm90 Gluon kernels
-    (D=128 from 2k keys)."""
+    portable one (dQ by bulk reduce-add at D=64 non-causal under 4k keys, Q-tile programs at D=128 under 2k keys)
+    and the sm90 Gluon kernels (D=64 causal, D=128 from 2k keys, D=256 at every length)."""
     seqlen, head_dim = shape
     test_bwd.check(2, seqlen, seqlen, 3, 3, head_dim, dtype, False, deterministic=deterministic,
                    inputs=negative_scores)

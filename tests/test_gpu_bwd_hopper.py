@@ -1,6 +1,6 @@
-"""GPU tier: the sm90 backward (kernels/bwd_hopper.py in one pass with dQ by atomics, or after
-kernels/bwd_dq_hopper.py; forced with FLASHTILE_BWD_BACKEND=hopper) against the float64 reference, beside
-PyTorch's own error."""
+"""GPU tier: the sm90 backward (kernels/bwd_hopper.py in one pass with dQ by the copy engine's reduce-add, or after
+kernels/bwd_dq_hopper.py; D=256 by kernels/bwd_split_hopper.py after it; forced with FLASHTILE_BWD_BACKEND=hopper)
+against the float64 reference, beside PyTorch's own error."""
 import dataclasses
 
 import pytest
@@ -21,38 +21,60 @@ def hopper_backward(monkeypatch):
     monkeypatch.setattr(configs, "BWD_BACKEND", "hopper")
 
 
+def _with_single_pass(single):
+    """configs.BWD_HOPPER with the D=64 and D=128 entries in one pass or two kernels (D=256 has two kernels only)."""
+    return {key: c if c.split_gradients else dataclasses.replace(c, single_pass=single)
+            for key, c in configs.BWD_HOPPER.items()}
+
+
 @pytest.fixture(params=["single-pass", "two-kernels"])
 def bwd_path(request, monkeypatch):
-    """Either design of the sm90 backward (configs.HopperBwdConfig.single_pass)."""
-    single = request.param == "single-pass"
-    table = {key: dataclasses.replace(c, single_pass=single) for key, c in configs.BWD_HOPPER.items()}
-    monkeypatch.setattr(configs, "BWD_HOPPER", table)
+    """Either design of the sm90 backward at D=64 and D=128 (configs.HopperBwdConfig.single_pass)."""
+    monkeypatch.setattr(configs, "BWD_HOPPER", _with_single_pass(request.param == "single-pass"))
     return request.param
 
 
 def test_taken_for_the_shapes_it_covers():
-    q, k = randn(1, 256, 4, 128, dtype=torch.bfloat16), randn(1, 256, 2, 128, dtype=torch.bfloat16)
-    assert ops._hopper_bwd(q, k, k, q, (-1, -1), None)
-    assert ops._hopper_bwd(q, k, k, q, (-1, 0), None)
-    assert not ops._hopper_bwd(q[..., :64], k[..., :64], k[..., :64], q[..., :64], (-1, -1), None)
-    assert not ops._hopper_bwd(q, k, k, q, (128, 0), None)
+    for d in (64, 128, 256):
+        q, k = randn(1, 256, 4, d, dtype=torch.bfloat16), randn(1, 256, 2, d, dtype=torch.bfloat16)
+        assert ops._hopper_bwd(q, k, k, q, (-1, -1), None)
+        assert ops._hopper_bwd(q, k, k, q, (-1, 0), None)
+        assert not ops._hopper_bwd(q, k, k, q, (128, 0), None)
+    assert not ops._hopper_bwd(q[..., :96], k[..., :96], k[..., :96], q[..., :96], (-1, -1), None)
+
+
+SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),
+          (3, 17, 113, 2, 1)]
+
+
+def shape_id(s):
+    return f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4),
-                                   (1, 4096, 4096, 4, 1), (3, 17, 113, 2, 1)],
-                         ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}")
-def test_gradients(shape, causal, dtype, bwd_path):
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_gradients(head_dim, shape, causal, dtype, bwd_path):
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
-    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 128, dtype, causal)
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
 
 
-def test_forward_backward_replay_in_cuda_graph():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_gradients_d256(shape, causal, dtype):
+    """D=256: the dQ kernel, then one warpgroup per gradient (kernels/bwd_split_hopper.py)."""
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 256, dtype, causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_forward_backward_replay_in_cuda_graph(head_dim):
     """The launches of the deterministic sm90 backward (dQ writing delta, then dK/dV) inside a captured step:
     replayed on new inputs, bitwise equal to eager (neither uses atomics)."""
-    q, dout = (randn(2, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (randn(2, 2048, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    q, dout = (randn(2, 2048, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 2048, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
     q.requires_grad_()
 
     def step():
@@ -62,14 +84,14 @@ def test_forward_backward_replay_in_cuda_graph():
     assert_graph_replays_like_eager(step, (q, k, v, dout))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_single_pass_in_cuda_graph(causal, monkeypatch):
+def test_single_pass_in_cuda_graph(causal, head_dim, monkeypatch):
     """The single-pass backward (delta and zeroed dQ, dK/dV with dQ atomics, dQ cast) captured and replayed on new
     inputs: dK, dV bitwise equal to eager, dQ within float32 reordering of it."""
-    table = {key: dataclasses.replace(c, single_pass=True) for key, c in configs.BWD_HOPPER.items()}
-    monkeypatch.setattr(configs, "BWD_HOPPER", table)
-    q, dout = (randn(2, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (randn(2, 2048, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    monkeypatch.setattr(configs, "BWD_HOPPER", _with_single_pass(True))
+    q, dout = (randn(2, 2048, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 2048, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
     q.requires_grad_()
 
     def step():
@@ -92,13 +114,13 @@ def test_single_pass_in_cuda_graph(causal, monkeypatch):
             assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_deterministic_is_bitwise_stable(causal, monkeypatch):
+def test_deterministic_is_bitwise_stable(causal, head_dim, monkeypatch):
     """With single_pass on, deterministic=True still takes the two kernels without atomics: equal run to run."""
-    table = {key: dataclasses.replace(c, single_pass=True) for key, c in configs.BWD_HOPPER.items()}
-    monkeypatch.setattr(configs, "BWD_HOPPER", table)
-    q, dout = (randn(2, 3000, 8, 128, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (randn(2, 3000, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    monkeypatch.setattr(configs, "BWD_HOPPER", _with_single_pass(True))
+    q, dout = (randn(2, 3000, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 3000, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
     q.requires_grad_()
     runs = []
     for _ in range(3):
@@ -110,25 +132,26 @@ def test_deterministic_is_bitwise_stable(causal, monkeypatch):
 
 @pytest.mark.parametrize("dq_kernel", ["portable", "gluon", "gluon-128keys"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (3, 17, 113, 2, 1)],
-                         ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}")
+@pytest.mark.parametrize("shape", SHAPES[1:3] + SHAPES[4:], ids=shape_id)
 def test_either_dq_kernel(shape, causal, dq_kernel, monkeypatch):
     """The dQ half of the sm90 backward by each of its two kernels (configs.HopperBwdConfig.dq_hopper)."""
     dq_hopper = {"portable": None, "gluon": configs.HopperDqConfig(),
                  "gluon-128keys": configs.HopperDqConfig(block_n=128)}[dq_kernel]
-    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper, single_pass=False) for key, c in configs.BWD_HOPPER.items()}
+    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper, single_pass=False) if key[0] == 128 else c
+             for key, c in configs.BWD_HOPPER.items()}
     monkeypatch.setattr(configs, "BWD_HOPPER", table)
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 128, torch.bfloat16, causal)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_lse_gradient(causal, deterministic):
-    """A loss of out and the returned LSE at a size the sm90 backward takes (the one pass, delta - dLSE; with
-    deterministic=True the portable kernels): dQ, dK, dV within 2x of bf16 PyTorch's error against float64."""
+def test_lse_gradient(causal, deterministic, head_dim):
+    """A loss of out and the returned LSE at a size the sm90 backward takes (delta - dLSE from a preprocess launch,
+    into the one pass or the dQ kernel): dQ, dK, dV within 2x of bf16 PyTorch's error against float64."""
     from test_bwd import assert_lse_gradients_close
-    q = randn(1, 2048, 4, 128, dtype=torch.bfloat16)
-    k, v = (randn(1, 2048, 2, 128, dtype=torch.bfloat16) for _ in range(2))
-    assert_lse_gradients_close(q, k, v, randn(1, 2048, 4, 128, dtype=torch.bfloat16),
+    q = randn(1, 2048, 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(1, 2048, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    assert_lse_gradients_close(q, k, v, randn(1, 2048, 4, head_dim, dtype=torch.bfloat16),
                                torch.randn(1, 4, 2048, device="cuda"), causal, deterministic)

@@ -215,9 +215,9 @@ def test_backward_launch_arguments():
 
 
 def test_backward_dispatch(monkeypatch):
-    """On sm90 (pretended here) "auto" gives D=128 batch-mode calls to the Gluon dK/dV kernel from its config's
-    min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed batches
-    stay portable."""
+    """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward from their
+    config's min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed
+    batches stay portable."""
     from flashtile.kernels import fwd_hopper
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
@@ -229,14 +229,15 @@ def test_backward_dispatch(monkeypatch):
         k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
         return ops._hopper_bwd(q, k, k, q, window, torch.zeros(2) if packed else None)
 
-    for causal in (False, True):
-        threshold = configs.BWD_HOPPER[(128, causal)].min_seqlen_k
+    assert {d for d, _ in configs.BWD_HOPPER} == {64, 128, 256}
+    for (head_dim, causal), config in configs.BWD_HOPPER.items():
         window = (-1, 0) if causal else (-1, -1)
-        assert not taken("auto", threshold - 1, window=window)
-        assert taken("auto", threshold, window=window) == ok
-    assert taken("hopper", 64) == ok
+        if config.min_seqlen_k > 1:
+            assert not taken("auto", config.min_seqlen_k - 1, head_dim, window)
+        assert taken("auto", max(config.min_seqlen_k, 64), head_dim, window) == ok
+        assert taken("hopper", 64, head_dim, window) == ok
     assert not taken("portable", 4096)
-    assert not taken("auto", 4096, head_dim=64)
+    assert not taken("hopper", 4096, head_dim=96)
     assert not taken("hopper", 4096, window=(256, 0))
     assert not taken("hopper", 4096, packed=True)
 
@@ -265,7 +266,9 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
     monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
                         _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
     dq_hopper = configs.HopperDqConfig(block_n=128) if dq_kernel == "gluon" else None
-    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper, single_pass=False) for key, c in configs.BWD_HOPPER.items()}
+    table = dict(configs.BWD_HOPPER)
+    for causal_ in (False, True):
+        table[(128, causal_)] = dataclasses.replace(table[(128, causal_)], dq_hopper=dq_hopper, single_pass=False)
     monkeypatch.setattr(configs, "BWD_HOPPER", table)
     q, dout, out = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -287,6 +290,55 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
     named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
     assert named["Delta"] is delta and named["dK"] is grads[1] and named["dV"] is grads[2]
     assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages
+
+
+@pytest.mark.parametrize("dlse", [False, True], ids=["plain", "dlse"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, causal, dlse):
+    """D=256 (configs.HopperBwdConfig.split_gradients): the Gluon dQ kernel writes delta, then the dK/dV kernel of
+    kernels/bwd_split_hopper.py reads it, 64 keys a program, GQA groups walked inside; with an LSE gradient a
+    preprocess launch writes delta − dLSE first and the dQ kernel reads it (DELTA_IN) instead of computing delta."""
+    from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper, bwd_split_hopper
+    calls = []
+
+    def preprocess(*args, **kwargs):
+        calls.append(("preprocess", args, kwargs))
+        return torch.zeros(args[2].shape)
+    monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
+    monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
+                        _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
+    monkeypatch.setattr(bwd_split_hopper, "flash_bwd_dkdv_split_kernel",
+                        _Recorder("split", bwd_split_hopper.flash_bwd_dkdv_split_kernel, calls))
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
+                        _Recorder("paired", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
+    q, dout, out = (torch.randn(2, 300, 8, 256, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(2, 300, 2, 256, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 8, 300)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    dlse_t = torch.randn(2, 8, 300) if dlse else None
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, dlse=dlse_t)
+    assert [c[0] for c in calls] == (["preprocess"] if dlse else []) + ["dq", "split"]
+    config = configs.BWD_HOPPER[(256, causal)]
+    dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, calls[-2][1]))
+    assert calls[-2][2]["DELTA_IN"] == dlse and calls[-2][2]["BLOCK_N"] == config.dq_hopper.block_n
+    named = dict(zip(bwd_split_hopper.flash_bwd_dkdv_split_kernel.arg_names, calls[-1][1]))
+    assert named["Delta"] is dq_named["Delta"] and named["dK"] is grads[1] and named["dV"] is grads[2]
+    if dlse:
+        torch.testing.assert_close(named["Delta"], -dlse_t)  # the preprocess's delta (zeros here) minus dLSE
+    assert named["group"] == 4 and named["nheads_k"] == 2 and named["seqlen_k"] == 300
+    assert calls[-1][2]["CAUSAL"] == causal and calls[-1][2]["BLOCK_N"] == config.block_n == 64
+
+
+def test_hopper_backward_configs_name_a_dq_kernel():
+    """Every sm90 backward config can run deterministic=True (two kernels), so it names a dQ kernel; one pass and
+    one warpgroup per gradient exclude each other."""
+    for config in configs.BWD_HOPPER.values():
+        assert config.dq is not None or config.dq_hopper is not None
+        assert not (config.single_pass and config.split_gradients)
+    with pytest.raises(ValueError, match="dQ kernel"):
+        configs.HopperBwdConfig()
+    with pytest.raises(ValueError, match="split_gradients"):
+        configs.HopperBwdConfig(dq_hopper=configs.HopperDqConfig(), single_pass=True, split_gradients=True)
 
 
 def test_launch_arguments_with_three_consumer_warpgroups():
@@ -334,7 +386,8 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
                         _Recorder("dkdv", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
     monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
                         _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
-    table = {key: dataclasses.replace(c, single_pass=True) for key, c in configs.BWD_HOPPER.items()}
+    table = {key: c if c.split_gradients else dataclasses.replace(c, single_pass=True)
+             for key, c in configs.BWD_HOPPER.items()}
     monkeypatch.setattr(configs, "BWD_HOPPER", table)
     q, dout, out = (torch.randn(2, 200, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))

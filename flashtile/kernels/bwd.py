@@ -51,17 +51,18 @@ def bwd_preprocess_kernel(O, dO, Delta, dQacc, cu_seqlens_q, stride_ob, stride_o
 @triton.jit
 def dq_cast_kernel(dQacc, dQ, stride_ab, stride_ah, stride_qb, stride_qn, stride_qh, seqlen_q, nheads, scale,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """dQ = scale · dQacc in dQ's dtype, for one 64-row Q tile of one head. dQacc holds each tile's 64-column halves
-    in the order the sm90 single-pass kernel's threads wrote them (kernels/bwd_hopper.py, dq_tile_order)."""
+    """dQ = scale · dQacc in dQ's dtype, for one 64-row Q tile of one head. dQacc holds each tile's two halves of the
+    columns in the order the sm90 single-pass kernel's threads wrote them (kernels/bwd_hopper.py, dq_tile_order)."""
+    COLS: tl.constexpr = HEAD_DIM // 2
     b = (tl.program_id(1) // nheads).to(tl.int64)
     h = (tl.program_id(1) % nheads).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, 64)
+    offs_d = tl.arange(0, COLS)
     tile = dQacc + b * stride_ab + h * stride_ah + tl.program_id(0).to(tl.int64) * (BLOCK_M * HEAD_DIM)
-    for half in tl.static_range(HEAD_DIM // 64):
-        acc = tl.load(tile + half * 4096 + tl.arange(0, 4096))  # [4096] in the threads' order
-        acc = tl.reshape(tl.permute(tl.reshape(acc, [8, 4, 8, 4, 2, 2]), (1, 4, 2, 0, 3, 5)), [BLOCK_M, 64])
-        tl.store(dQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + half * 64 + offs_d[None, :],
+    for half in tl.static_range(2):
+        acc = tl.load(tile + half * BLOCK_M * COLS + tl.arange(0, BLOCK_M * COLS))  # in the threads' order
+        acc = tl.reshape(tl.permute(tl.reshape(acc, [COLS // 8, 4, 8, 4, 2, 2]), (1, 4, 2, 0, 3, 5)), [BLOCK_M, COLS])
+        tl.store(dQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + half * COLS + offs_d[None, :],
                  (acc * scale).to(dQ.dtype.element_ty), mask=(offs_m < seqlen_q)[:, None])
 
 
@@ -312,7 +313,7 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None):
 
 
 def launch_dq_cast(dq_acc, dq, scale):
-    """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, headdim / 64, 64 · 64
+    """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, two halves, 64 · headdim / 2
     in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape)."""
     batch, seqlen, nheads, head_dim = dq.shape
     dq_cast_kernel[(cdiv(seqlen, 64), batch * nheads)](

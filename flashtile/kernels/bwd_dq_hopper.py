@@ -86,8 +86,9 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_read
               Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
               stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale,
               softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """One warpgroup, rows [start_m + half·64, +64): delta, then dQ over every K/V tile they may see."""
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN: gl.constexpr):
+    """One warpgroup, rows [start_m + half·64, +64): delta (or, DELTA_IN, its given value), then dQ over every K/V
+    tile they may see."""
     HALF_M: gl.constexpr = BLOCK_M // 2
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -103,9 +104,12 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_read
     q_half = q_smem.index(half)
     do_half = do_smem.index(half)
     mbarrier.wait(q_bar.index(half), 0)
-    delta = _row_delta(O, do_half, b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh, stride_on, rows_start,
-                       seqlen_q, HALF_M, HEAD_DIM, gl.SliceLayout(1, s_layout))
-    gl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
+    if DELTA_IN:  # delta − dLSE, from the preprocess launch
+        delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    else:
+        delta = _row_delta(O, do_half, b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh, stride_on,
+                           rows_start, seqlen_q, HALF_M, HEAD_DIM, gl.SliceLayout(1, s_layout))
+        gl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
     dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=acc_layout)
     for j in range(n_tiles):
@@ -142,7 +146,8 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
                                q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_dqb,
                                stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale,
                                softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, REGS: gl.constexpr):
+                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN: gl.constexpr,
+                               REGS: gl.constexpr):
     """Grid (Q tiles of BLOCK_M rows, batch · nheads)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
@@ -162,39 +167,57 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE, Delta, nheads,
                      group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_dqb,
                      stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE, Delta, nheads,
                      group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_dqb,
                      stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)),
         (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                            kv_free, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
                            seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [REGS, 24])
+    # Released only here, so that no partition's scratch (delta's layout change) is placed in a barrier's bytes while
+    # another partition may still wait on it: the allocator sees a barrier live up to its last use in the kernel.
+    for i in gl.static_range(2):
+        mbarrier.invalidate(q_bar.index(i))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+        mbarrier.invalidate(kv_free.index(i))
 
 
-def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config):
+def backward_descriptors(q, k, v, dout, q_block, k_block):
+    """What every sm90 backward launch reads through TMA (calls bwd_hopper.supports accepts): descriptors of Q, K, V
+    and dO over their 2-D views in boxes of ``q_block`` rows (Q, dO) and ``k_block`` rows (K, V), and the views' row
+    arithmetic, (rows per batch, rows per head, column of a head) for Q (dO is addressed like it) and for K."""
+    q_layout, *q_rows = _layout(q, False)
+    k_layout, *k_rows = _layout(k, False)
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    views = ((_view(q, q_layout), q_block), (_view(k, k_layout), k_block), (_view(v, _layout(v, False)[0]), k_block),
+             (_view(dout, _layout(dout, False)[0]), q_block))
+    descs = tuple(_descriptor(t, [block, q.shape[-1]], _smem_layout(block, q.shape[-1], dtype)) for t, block in views)
+    return descs, tuple(q_rows), tuple(k_rows)
+
+
+def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False):
     """(grid, args, kwargs) of the dQ launch (batch mode, calls bwd_hopper.supports accepts); ``config`` a
-    configs.HopperDqConfig. Writes delta into ``delta`` (shaped like lse) and dQ into ``dq`` (shaped like q)."""
+    configs.HopperDqConfig. Writes delta into ``delta`` (shaped like lse), or with ``delta_in`` reads it from there,
+    and dQ into ``dq`` (shaped like q)."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, False)
-    k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, False)
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    views = ((_view(q, q_layout), block_m // 2), (_view(dout, _layout(dout, False)[0]), block_m // 2),
-             (_view(k, k_layout), block_n), (_view(v, _layout(v, False)[0]), block_n))
-    descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype)) for t, block in views]
+    (q_desc, k_desc, v_desc, do_desc), q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m // 2, block_n)
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     grid = (cdiv(seqlen_q, block_m), batch * nheads)
-    args = (*descs, out, dq, lse, delta, nheads, nheads // nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h,
-            k_col_h, out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+    args = (q_desc, do_desc, k_desc, v_desc, out, dq, lse, delta, nheads, nheads // nheads_k, *q_rows, *k_rows,
+            out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
             lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
             softmax_scale * LOG2E.value, softmax_scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
-                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+                  DELTA_IN=delta_in, REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
 
-def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config):
-    grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config)
+def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False):
+    grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config,
+                                     delta_in)
     flash_bwd_dq_hopper_kernel[grid](*args, **kwargs)

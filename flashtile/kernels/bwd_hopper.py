@@ -1,4 +1,5 @@
-"""FlashAttention backward for Hopper (sm90): dK and dV by a warp-specialized Gluon kernel.
+"""FlashAttention backward for Hopper (sm90): dK and dV by a warp-specialized Gluon kernel (D=64 and D=128; D=256
+by kernels/bwd_split_hopper.py), and the launcher of every sm90 backward.
 
 A program owns a K/V tile of 128 keys of one KV head: two consumer warpgroups hold 64 keys each, their K and
 V rows loaded once into shared memory and used there as the A operand of the products (Triton's tl.dot keeps
@@ -9,7 +10,7 @@ dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only t
 the keys are masked.
 
 dQ, two designs (configs.HopperBwdConfig.single_pass):
-- one pass (DQ_REDUCE): both consumers store their dSᵀ in shared memory, and each computes 64 of the Q tile's dQ
+- one pass (DQ_REDUCE): both consumers store their dSᵀ in shared memory, and each computes half of the Q tile's dQ
   columns over all 128 keys (dS K, two more products) and hands them to the copy engine, which adds them into a
   float32 dQ in L2 (cp.reduce.async.bulk.tensor; not bitwise reproducible). A preprocess launch writes delta and
   zeroes that dQ first, a cast launch scales it into dq after (kernels/bwd.py);
@@ -29,7 +30,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fwd_hopper import _descriptor, _layout, _smem_layout, _view, register_operand_layout, wgmma_layout
+from .bwd_dq_hopper import backward_descriptors
+from .fwd_hopper import _descriptor, _layout, register_operand_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 
@@ -104,11 +106,13 @@ def _dq_products(ds_smem, k_smem, ds_ready, t, half: gl.constexpr, dq_zero, DQ_C
 
 @gluon.jit
 def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
-    """Hands this warpgroup's [64, 64] share of one Q tile's dQ to the copy engine, which adds it into dQacc at
+    """Hands this warpgroup's [64, DQ_COLS] share of one Q tile's dQ to the copy engine, which adds it into dQacc at
     ``row`` (rows of 32 floats). The tile travels in the order the threads hold it (dq_tile_order): each thread
-    writes 16-byte runs, a warp 512 contiguous bytes, one box of [128, 32] floats."""
-    y = gl.reshape(dq, [4, 2, 8, 8, 4, 2])  # [BLOCK_M, 64] as (warp, row bit 3, lane / 4, col / 8, lane % 4, col % 2)
-    y = gl.reshape(gl.permute(y, (3, 0, 2, 4, 1, 5)), [128, 32])
+    writes 16-byte runs, a warp 512 contiguous bytes, one box of [2 · DQ_COLS, 32] floats."""
+    DQ_COLS: gl.constexpr = dq.shape[1]
+    # [64, DQ_COLS] as (warp, row bit 3, lane / 4, col / 8, lane % 4, col % 2)
+    y = gl.reshape(dq, [4, 2, 8, DQ_COLS // 8, 4, 2])
+    y = gl.reshape(gl.permute(y, (3, 0, 2, 4, 1, 5)), [2 * DQ_COLS, 32])
     dq_buf = dq_smem.index(half)
     tma.store_wait(0)  # the copy engine has read the previous tile
     dq_buf.store(y)
@@ -141,7 +145,7 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_s
     dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
     dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
     if DQ_REDUCE:
-        gl.static_assert((BLOCK_M == 64) & (DQ_COLS == 64), "_dq_reduce's tile order is for 64 x 64 tiles")
+        gl.static_assert((BLOCK_M == 64) & (DQ_COLS % 32 == 0), "_dq_reduce's tile order: 64 rows, 32k columns")
     mbarrier.wait(kv_bar, 0)
     lo, hi = _q_tiles(start_n, seqlen_q, diag, BLOCK_M, CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
@@ -179,7 +183,7 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_s
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dq: [BLOCK_M, DQ_COLS], handed on under dK's product
             tile_row = b * stride_dqb + h * stride_dqh + (lo + t % (hi - lo)) * (BLOCK_M * HEAD_DIM // 32)
-            _dq_reduce(dq, dq_smem, dQacc, tile_row + half * 128, half)
+            _dq_reduce(dq, dq_smem, dQacc, tile_row + half * 2 * DQ_COLS, half)
             dk = warpgroup_mma_wait(0, deps=(dk, ))
         else:
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
@@ -214,7 +218,7 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     BUFS: gl.constexpr = 2 if DQ_REDUCE else 1
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BUFS, BLOCK_N // 2, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], q_desc.dtype))
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, 128, 32], DQ_TILE_LAYOUT)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, HEAD_DIM, 32], DQ_TILE_LAYOUT)
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -245,10 +249,12 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 
 
 def supports(q, k, v, dout, window_size):
-    """Batch-mode calls the kernel covers: D=128, bf16/fp16, full or causal, views a descriptor can read (dO
-    addressed like Q: the loader reads both at the same coordinates)."""
+    """Batch-mode calls the sm90 backward covers: a head dim with a configs.BWD_HOPPER entry, bf16/fp16, full or
+    causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
+    from .. import configs
     from .fwd_hopper import GLUON_VERSION_OK
-    return (GLUON_VERSION_OK and q.dim() == 4 and q.shape[-1] == 128 and q.dtype in (torch.bfloat16, torch.float16)
+    return (GLUON_VERSION_OK and q.dim() == 4 and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
+            and q.dtype in (torch.bfloat16, torch.float16)
             and window_size[0] < 0 and window_size[1] in (-1, 0)
             and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (q, k, v, dout))
             and _layout(dout, False) == _layout(q, False) and _layout(v, False) == _layout(k, False))
@@ -263,18 +269,14 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, False)
-    k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, False)
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    views = ((_view(q, q_layout), block_m), (_view(k, k_layout), block_n // 2),
-             (_view(v, _layout(v, False)[0]), block_n // 2), (_view(dout, _layout(dout, False)[0]), block_m))
-    descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype)) for t, block in views]
+    descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(q, k, v, dout, block_m,
+                                                                                               block_n // 2)
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
-    if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is 128 of them, in dq_tile_order
-        dq_arg = _descriptor(dq_acc.view(-1, 32), [128, 32], DQ_TILE_LAYOUT.value)
+    if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is head_dim of them, in dq_tile_order
+        dq_arg = _descriptor(dq_acc.view(-1, 32), [head_dim, 32], DQ_TILE_LAYOUT.value)
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     args = (*descs, dk, dv, dq_arg, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h,
             k_rows_b, k_rows_h, k_col_h, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
@@ -286,31 +288,32 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
 
 
 def dq_tile_order(tile):
-    """[..., 64, 64] dQ tiles (query rows, one warpgroup's 64 columns) in the order _dq_reduce writes them: [..., 4096].
-    The cast (kernels/bwd.py, dq_cast_kernel) reads them back; tests check the two agree."""
-    lead = tile.shape[:-2]
-    y = tile.reshape(*lead, 4, 2, 8, 8, 4, 2)
+    """[..., 64, cols] dQ tiles (query rows, one warpgroup's columns: half the head dim) in the order _dq_reduce writes
+    them: [..., 64 · cols]. The cast (kernels/bwd.py, dq_cast_kernel) reads them back; tests check the two agree."""
+    lead, cols = tile.shape[:-2], tile.shape[-1]
+    y = tile.reshape(*lead, 4, 2, 8, cols // 8, 4, 2)
     n = len(lead)
-    return y.permute(*range(n), *(n + i for i in (3, 0, 2, 4, 1, 5))).reshape(*lead, 4096)
+    return y.permute(*range(n), *(n + i for i in (3, 0, 2, 4, 1, 5))).reshape(*lead, 64 * cols)
 
 
 def dq_acc_shape(q, config):
-    """The float32 dQ the single-pass kernel adds into, (batch, nheads, Q tiles, 2 halves of the columns, 64 · 64) in
-    dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, head dim)."""
+    """The float32 dQ the single-pass kernel adds into, (batch, nheads, Q tiles, 2 halves of the columns,
+    64 · D / 2) in dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, head dim)."""
     return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
                       config=None, dlse=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
-    added into a float32 dQ by atomics, then dQ cast; else two launches: first dQ, and delta of its rows in place of
-    a preprocess launch (the portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon dQ kernel with
-    ``config.dq_hopper``), then dK and dV here (``config`` a configs.HopperBwdConfig). ``dlse``, the LSE's gradient
-    (or None), takes the one pass whatever the config, with delta − dlse in place of delta."""
+    added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
+    its rows in place of a preprocess launch (the portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon
+    dQ kernel with ``config.dq_hopper``), then dK and dV (here, or by kernels/bwd_split_hopper.py with
+    ``config.split_gradients``). ``config`` a configs.HopperBwdConfig. ``dlse``, the LSE's gradient (or None), enters as
+    delta − dlse, which a preprocess launch then computes for either design."""
     from .. import configs
     from .bwd import launch_bwd, launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
-    if (config.single_pass or dlse is not None) and not deterministic:
+    if config.single_pass and not deterministic:
         delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config))
         if dlse is not None:
             delta = delta - dlse
@@ -319,13 +322,21 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
         flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
         launch_dq_cast(dq_acc, dq, softmax_scale)
         return
-    delta = torch.empty_like(lse)
+    delta_in = dlse is not None
+    delta = launch_preprocess(out, dout, lse, None, q.shape[1]) - dlse if delta_in else torch.empty_like(lse)
     if config.dq_hopper is not None:
         from .bwd_dq_hopper import launch_dq_hopper
-        launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper)
+        launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
+                         delta_in)
     else:
         launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
                    (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
-                   write_delta=True)
+                   write_delta=not delta_in)
+    if config.split_gradients:
+        from . import bwd_split_hopper
+        grid, args, kwargs = bwd_split_hopper.launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal,
+                                                          bottom_right, config)
+        bwd_split_hopper.flash_bwd_dkdv_split_kernel[grid](*args, **kwargs)
+        return
     grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
     flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)

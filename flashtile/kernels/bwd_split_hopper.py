@@ -1,0 +1,276 @@
+"""FlashAttention backward for Hopper (sm90), wide heads (D=256): dK and dV by one warpgroup each.
+
+At D=256 a warpgroup cannot hold both of a key tile's float32 gradients (two [64, 256] accumulators are 256
+registers a thread), so the two consumer warpgroups of a program share its 64 keys and split the work by gradient:
+- the dV warpgroup computes Sᵀ = K Qᵀ and Pᵀ = exp2(Sᵀ · scale − LSE) (masked), hands Pᵀ in 16 bits to the
+  other through shared memory, and adds dV += Pᵀ dO with Pᵀ as the register operand;
+- the dK warpgroup computes dPᵀ = V dOᵀ meanwhile, takes Pᵀ, forms dSᵀ = Pᵀ ∘ (dPᵀ − delta) and adds
+  dK += dSᵀ Q.
+Each warpgroup runs two of a step's four products. A loader warp loads K and V once, then streams Q and dO of every
+(query head of the group, Q tile) through a ring with TMA. dQ comes from the Gluon dQ kernel launched first
+(kernels/bwd_dq_hopper.py), which also writes delta: no atomics, so the gradients are bitwise reproducible.
+
+Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (fwd_hopper._layout): rows past a
+sequence belong to its neighbour, so keys past it are masked and query rows past it get LSE = +inf.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.language.core import _aggregate as aggregate
+
+from .bwd_dq_hopper import backward_descriptors
+from .fwd_hopper import register_operand_layout, wgmma_layout
+from .online_softmax import LOG2E
+from .tiles import cdiv
+
+
+@aggregate
+class Smem:
+    """The program's shared memory: K and V of its keys; a ring of Q and dO tiles (ready once loaded, free once both
+    warpgroups are done with them); two Pᵀ tiles passed from the dV warpgroup to the dK warpgroup."""
+    k: gl.shared_memory_descriptor  # [BLOCK_N, HEAD_DIM]
+    v: gl.shared_memory_descriptor
+    q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM]
+    do: gl.shared_memory_descriptor
+    p: gl.shared_memory_descriptor  # [2, BLOCK_N, BLOCK_M]
+    kv_bar: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    do_ready: gl.shared_memory_descriptor
+    q_free: gl.shared_memory_descriptor
+    p_ready: gl.shared_memory_descriptor
+    p_free: gl.shared_memory_descriptor
+
+    @constexpr_function
+    def __init__(self, k, v, q, do, p, kv_bar, q_ready, do_ready, q_free, p_ready, p_free):
+        self.k, self.v, self.q, self.do, self.p = k, v, q, do, p
+        self.kv_bar, self.q_ready, self.do_ready, self.q_free = kv_bar, q_ready, do_ready, q_free
+        self.p_ready, self.p_free = p_ready, p_free
+
+
+@aggregate
+class Problem:
+    """What every partition knows of the launch: sizes, the 2-D views' row arithmetic, scales, the LSE and delta
+    rows, and the tile shapes."""
+    nheads_k: gl.tensor
+    group: gl.tensor
+    q_rows_b: gl.tensor  # rows of the Q (and dO) view per batch, per head; the head's first column
+    q_rows_h: gl.tensor
+    q_col_h: gl.tensor
+    k_rows_b: gl.tensor
+    k_rows_h: gl.tensor
+    k_col_h: gl.tensor
+    seqlen_q: gl.tensor
+    seqlen_k: gl.tensor
+    diag: gl.tensor  # causal: query i sees keys up to i + diag
+    qk_scale: gl.tensor  # softmax_scale · log2(e)
+    LSE: gl.tensor
+    Delta: gl.tensor
+    stride_lb: gl.tensor
+    stride_lh: gl.tensor
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr  # Q rows per step
+    BLOCK_N: gl.constexpr  # keys per program
+    STAGES: gl.constexpr
+    CAUSAL: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, nheads_k, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
+                 seqlen_k, diag, qk_scale, LSE, Delta, stride_lb, stride_lh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                 CAUSAL):
+        self.nheads_k, self.group = nheads_k, group
+        self.q_rows_b, self.q_rows_h, self.q_col_h = q_rows_b, q_rows_h, q_col_h
+        self.k_rows_b, self.k_rows_h, self.k_col_h = k_rows_b, k_rows_h, k_col_h
+        self.seqlen_q, self.seqlen_k, self.diag, self.qk_scale = seqlen_q, seqlen_k, diag, qk_scale
+        self.LSE, self.Delta, self.stride_lb, self.stride_lh = LSE, Delta, stride_lb, stride_lh
+        self.HEAD_DIM = gl.constexpr(HEAD_DIM)
+        self.BLOCK_M = gl.constexpr(BLOCK_M)
+        self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.STAGES = gl.constexpr(STAGES)
+        self.CAUSAL = gl.constexpr(CAUSAL)
+
+    @gluon.jit
+    def program(self):
+        """(first key of the tile, batch, KV head)."""
+        return gl.program_id(0) * self.BLOCK_N, gl.program_id(1) // self.nheads_k, gl.program_id(1) % self.nheads_k
+
+    @gluon.jit
+    def steps(self, start_n):
+        """(first Q tile, Q tiles a head): the Q tiles that see a key of the tile starting at start_n; a program
+        steps through them for each query head of its group."""
+        lo = 0
+        if self.CAUSAL:
+            lo = gl.maximum(start_n - self.diag, 0) // self.BLOCK_M
+        return lo, gl.cdiv(self.seqlen_q, self.BLOCK_M) - lo
+
+    @gluon.jit
+    def row_stats(self, Stats, b, h, offs_m, other):
+        """LSE or delta of the rows offs_m of query head h; ``other`` past the sequence."""
+        base = Stats + b.to(gl.int64) * self.stride_lb + h.to(gl.int64) * self.stride_lh
+        return gl.load(base + offs_m, mask=offs_m < self.seqlen_q, other=other)
+
+
+@gluon.jit
+def _int(x):
+    """An integer argument as a tensor: one equal to 1 (or unused) arrives as a constant, which an aggregate's tensor
+    field does not take."""
+    return gl.to_tensor(x)
+
+
+@gluon.jit
+def _store_rows(acc, Out, b, h_k, start_n, seqlen_k, stride_b, stride_n, stride_h, layout: gl.constexpr):
+    """A [BLOCK_N, HEAD_DIM] gradient tile in Out's dtype, rows past seqlen_k left alone (32-bit offsets from a 64-bit
+    base: a tile of 64-bit pointers would take a register each)."""
+    rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    base = Out + b.to(gl.int64) * stride_b + h_k.to(gl.int64) * stride_h + start_n.to(gl.int64) * stride_n
+    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc.to(Out.dtype.element_ty),
+             mask=(start_n + rows < seqlen_k)[:, None])
+
+
+@gluon.jit
+def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
+    """One warp: K and V once, then Q and dO of every (query head, Q tile) in turn."""
+    start_n, b, h_k = pb.program()
+    k_row = b * pb.k_rows_b + h_k * pb.k_rows_h + start_n
+    mbarrier.expect(smem.kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [k_row, h_k * pb.k_col_h], smem.kv_bar, smem.k)
+    tma.async_copy_global_to_shared(v_desc, [k_row, h_k * pb.k_col_h], smem.kv_bar, smem.v)
+    lo, n_m = pb.steps(start_n)
+    for t in range(pb.group * n_m):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
+        h = h_k * pb.group + t // n_m
+        row = b * pb.q_rows_b + h * pb.q_rows_h + (lo + t % n_m) * pb.BLOCK_M
+        stage = t % pb.STAGES
+        mbarrier.wait(smem.q_free.index(stage), ((t // pb.STAGES) & 1) ^ 1)
+        mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, h * pb.q_col_h], smem.q_ready.index(stage), smem.q.index(stage))
+        mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, h * pb.q_col_h], smem.do_ready.index(stage),
+                                        smem.do.index(stage))
+
+
+@gluon.jit
+def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
+    """One warpgroup: Pᵀ of every step, for the dK warpgroup too, and dV += Pᵀ dO."""
+    s_layout: gl.constexpr = wgmma_layout(pb.BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM)
+    start_n, b, h_k = pb.program()
+    last_key = start_n + pb.BLOCK_N - 1
+    offs_n = start_n + gl.arange(0, pb.BLOCK_N, layout=gl.SliceLayout(1, s_layout))  # [BLOCK_N] keys
+    s_zero = gl.zeros([pb.BLOCK_N, pb.BLOCK_M], gl.float32, layout=s_layout)
+    dv = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM], gl.float32, layout=acc_layout)
+    mbarrier.wait(smem.kv_bar, 0)
+    lo, n_m = pb.steps(start_n)
+    for t in range(pb.group * n_m):  # (query head, Q tile), in the loader's order
+        stage = t % pb.STAGES
+        phase = (t // pb.STAGES) & 1
+        start_m = (lo + t % n_m) * pb.BLOCK_M
+        offs_m = start_m + gl.arange(0, pb.BLOCK_M, layout=gl.SliceLayout(0, s_layout))  # [BLOCK_M] queries
+        mbarrier.wait(smem.q_ready.index(stage), phase)
+        s_t = warpgroup_mma(smem.k, smem.q.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
+        lse = pb.row_stats(pb.LSE, b, h_k * pb.group + t // n_m, offs_m, float("inf")) * LOG2E
+        s_t = warpgroup_mma_wait(0, deps=(s_t, ))  # [BLOCK_N, BLOCK_M]
+        p_t = gl.exp2(s_t * pb.qk_scale - lse[None, :])
+        if pb.CAUSAL:
+            if (last_key >= pb.seqlen_k) | (last_key > start_m + pb.diag):  # the diagonal, the end
+                ok = (offs_n < pb.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
+                p_t = gl.where(ok, p_t, 0.0)
+        else:
+            p_t = gl.where((offs_n < pb.seqlen_k)[:, None], p_t, 0.0)
+        p_t = p_t.to(smem.q.dtype)
+        mbarrier.wait(smem.p_free.index(t % 2), ((t // 2) & 1) ^ 1)
+        smem.p.index(t % 2).store(p_t)
+        gl.thread_barrier()
+        mbarrier.arrive(smem.p_ready.index(t % 2))
+        mbarrier.wait(smem.do_ready.index(stage), phase)
+        dv = warpgroup_mma(gl.convert_layout(p_t, register_operand_layout(acc_layout)), smem.do.index(stage), dv,
+                           is_async=True)
+        dv = warpgroup_mma_wait(0, deps=(dv, ))
+        mbarrier.arrive(smem.q_free.index(stage))
+    _store_rows(dv, dV, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+
+
+@gluon.jit
+def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, softmax_scale):
+    """One warpgroup: dPᵀ = V dOᵀ, dSᵀ from the dV warpgroup's Pᵀ, and dK += dSᵀ Q."""
+    s_layout: gl.constexpr = wgmma_layout(pb.BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM)
+    start_n, b, h_k = pb.program()
+    s_zero = gl.zeros([pb.BLOCK_N, pb.BLOCK_M], gl.float32, layout=s_layout)
+    dk = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM], gl.float32, layout=acc_layout)
+    mbarrier.wait(smem.kv_bar, 0)
+    lo, n_m = pb.steps(start_n)
+    for t in range(pb.group * n_m):
+        stage = t % pb.STAGES
+        phase = (t // pb.STAGES) & 1
+        offs_m = (lo + t % n_m) * pb.BLOCK_M + gl.arange(0, pb.BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        mbarrier.wait(smem.do_ready.index(stage), phase)
+        dp_t = warpgroup_mma(smem.v, smem.do.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        delta = pb.row_stats(pb.Delta, b, h_k * pb.group + t // n_m, offs_m, 0.0)
+        dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [BLOCK_N, BLOCK_M]
+        mbarrier.wait(smem.p_ready.index(t % 2), (t // 2) & 1)
+        p_t = smem.p.index(t % 2).load(s_layout).to(gl.float32)  # [BLOCK_N, BLOCK_M]
+        gl.thread_barrier()
+        mbarrier.arrive(smem.p_free.index(t % 2))
+        ds_t = (p_t * (dp_t - delta[None, :])).to(smem.q.dtype)
+        mbarrier.wait(smem.q_ready.index(stage), phase)
+        dk = warpgroup_mma(gl.convert_layout(ds_t, register_operand_layout(acc_layout)), smem.q.index(stage), dk,
+                           is_async=True)
+        dk = warpgroup_mma_wait(0, deps=(dk, ))
+        mbarrier.arrive(smem.q_free.index(stage))
+    _store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+
+
+@gluon.jit
+def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, Delta, nheads_k, group, q_rows_b,
+                                q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
+                                stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag,
+                                qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                REGS: gl.constexpr):
+    """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
+    dtype: gl.constexpr = q_desc.dtype
+    bar: gl.constexpr = mbarrier.MBarrierLayout()
+    smem = Smem(gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout),
+                gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout),
+                gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout),
+                gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout),
+                gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)),
+                gl.allocate_shared_memory(gl.int64, [1], bar), gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar),
+                gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar),
+                gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar), gl.allocate_shared_memory(gl.int64, [2, 1], bar),
+                gl.allocate_shared_memory(gl.int64, [2, 1], bar))
+    mbarrier.init(smem.kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(smem.q_ready.index(i), count=1)
+        mbarrier.init(smem.do_ready.index(i), count=1)
+        mbarrier.init(smem.q_free.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(smem.p_ready.index(i), count=1)
+        mbarrier.init(smem.p_free.index(i), count=1)
+    pb = Problem(_int(nheads_k), _int(group), _int(q_rows_b), _int(q_rows_h), _int(q_col_h), _int(k_rows_b),
+                 _int(k_rows_h), _int(k_col_h), _int(seqlen_q), _int(seqlen_k), _int(diag), qk_scale, LSE, Delta,
+                 _int(stride_lb), _int(stride_lh), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+    gl.warp_specialize([
+        (_dv_partition, (pb, smem, dV, stride_dvb, stride_dvn, stride_dvh)),
+        (_dk_partition, (pb, smem, dK, stride_dkb, stride_dkn, stride_dkh, softmax_scale)),
+        (_load_partition, (pb, smem, q_desc, k_desc, v_desc, do_desc)),
+    ], [4, 1], [REGS, 24])
+
+
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config):
+    """(grid, args, kwargs) of the dK/dV launch (calls bwd_hopper.supports accepts); dk, dv shaped like k;
+    ``config`` a configs.HopperBwdConfig with split_gradients."""
+    block_m, block_n = config.block_m, config.block_n
+    nheads, nheads_k = q.shape[-2], k.shape[-2]
+    descs, q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m, block_n)
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
+    args = (*descs, dk, dv, lse, delta, nheads_k, nheads // nheads_k, *q_rows, *k_rows, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
+            softmax_scale * LOG2E.value, softmax_scale)
+    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+    return grid, args, kwargs
