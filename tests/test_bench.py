@@ -205,3 +205,25 @@ def test_grid_adds_the_gqa_shape_and_each_distribution():
     shapes = list(grid([1024], [128], [True], ["random", "rising"], gqa=True))
     assert [(s["inputs"], s["seqlen"], s["nheads"], s["nheads_k"]) for s in shapes] == [
         ("random", 1024, 16, 16), ("random", 8192, 32, 8), ("rising", 1024, 16, 16), ("rising", 8192, 32, 8)]
+
+
+def test_small_calls_time_back_to_back_calls_in_turns():
+    """flashtile.bench.small_calls: µs per call of many calls between two synchronizations; each peer's median over
+    its turns, the turns rotating; a peer that raises keeps its error; the table gives flashtile's time over the
+    fastest other peer's."""
+    from flashtile.bench import small_calls
+    syncs, order = [], []
+    assert small_calls.per_call_us(lambda: None, 10, lambda: syncs.append(1)) >= 0 and len(syncs) == 2
+
+    def timer(name):
+        return lambda: order.append(name)
+
+    def broken():
+        raise RuntimeError("no kernel for this shape")
+    us = small_calls.turns({"a": timer("a"), "b": timer("b"), "c": broken}, 3, 2, lambda: None)
+    assert isinstance(us["a"], float) and isinstance(us["b"], float) and "RuntimeError" in us["c"]
+    assert order == ["a"] * 2 + ["b"] * 2 + ["b"] * 2 + ["a"] * 2 + ["a"] * 2 + ["b"] * 2
+    rows = [dict(batch=1, seqlen=1, nheads=32, head_dim=128, causal=False, mode="fwd",
+                 us={"flashtile": 40.0, "FA2 (SDPA flash)": 50.0, "cuDNN": "OOM"})]
+    line = small_calls.table(rows, ["flashtile", "FA2 (SDPA flash)", "cuDNN"]).splitlines()[-1]
+    assert line == "| 1 | 1 | 32 | 128 | no | fwd | 40.0 | 50.0 | OOM | 0.80 |"

@@ -34,11 +34,12 @@ def test_version(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU prints")
-@pytest.mark.parametrize("run", ["bench", "tune", "lessons", "decode"])
+@pytest.mark.parametrize("run", ["bench", "tune", "lessons", "decode", "small_calls"])
 def test_gpu_commands_say_so_in_one_line_without_a_gpu(run):
-    from flashtile.bench import __main__ as bench, decode, lessons, tune
+    from flashtile.bench import __main__ as bench, decode, lessons, small_calls, tune
     main = {"bench": lambda: cli.main(["bench", "--seqlens", "1024"]), "tune": lambda: cli.main(["tune"]),
-            "lessons": lambda: lessons.main([]), "decode": lambda: decode.main([])}[run]
+            "lessons": lambda: lessons.main([]), "decode": lambda: decode.main([]),
+            "small_calls": lambda: small_calls.main([])}[run]
     with pytest.raises(SystemExit) as exit_info:
         main()
     message = str(exit_info.value.code)

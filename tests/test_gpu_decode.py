@@ -362,9 +362,10 @@ def test_default_decode_reads_no_index_back_and_stays_inside(layout, monkeypatch
 
 def test_default_settings_never_sync_the_host():
     """With the defaults no entry point reads a device tensor back to the host (torch's sync debug mode raises on any
-    synchronizing call): flash_attn_func, the packed varlen forward and backward, flash_attn_with_kvcache on contiguous
-    and paged caches with every index tensor and new tokens, SDPA, combine. The first call of each shape compiles and
-    may allocate; the second is the one that must not sync."""
+    synchronizing call): flash_attn_func, forward and backward on each sm90 backward design (D=64 one pass, D=128
+    causal two kernels, D=256 one warpgroup per gradient), the packed varlen forward and backward,
+    flash_attn_with_kvcache on contiguous and paged caches with every index tensor and new tokens, SDPA, combine. The
+    first call of each shape compiles and may allocate; the second is the one that must not sync."""
     q, k, v = (randn(2, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     cu = torch.tensor([0, 100, 300, 600], dtype=torch.int32, device=DEVICE)
     qp, kp, vp = (t.reshape(600, 4, 128).requires_grad_() for t in (q, k, v))
@@ -375,8 +376,12 @@ def test_default_settings_never_sync_the_host():
     qd = randn(4, 2, 8, 128, dtype=torch.bfloat16)
     seqlens, pads, rows = _i32([10, 500, 1000, 3]), _i32([0, 7, 100, 1]), _i32([3, 2, 1, 0])
     cos, sin = torch.rand(1024, 32, device=DEVICE), torch.rand(1024, 32, device=DEVICE)
+    def step(batch, seqlen, head_dim, causal):
+        x, y, z = (randn(batch, seqlen, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+        return lambda: flashtile.flash_attn_func(x, y, z, causal=causal).sum().backward()
     calls = [
         lambda: flashtile.flash_attn_func(q, k, v, causal=True),
+        step(1, 4096, 64, False), step(1, 2048, 128, True), step(2, 300, 256, False),
         lambda: flashtile.flash_attn_varlen_func(qp, kp, vp, cu, cu, 300, 300, causal=True).sum().backward(),
         lambda: flashtile.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
         lambda: flashtile.flash_attn_with_kvcache(qd, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
