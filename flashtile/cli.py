@@ -108,6 +108,26 @@ def viz(args):
     return 0
 
 
+# The kernel files of each sm90 backward design (configs.HopperBwdConfig.design), in launch order.
+BACKWARD_FILES = {"one pass": "bwd.py (delta, zeroed dQ) -> bwd_hopper.py (dK, dV; dQ by the copy engine's reduce-add)"
+                              " -> bwd.py (dQ cast)",
+                  "two kernels": "{dq} -> bwd_hopper.py (dK, dV)",
+                  "split gradients": "{dq} -> bwd_split_hopper.py (dV, dK: a warpgroup each)"}
+
+
+def backward_plans():
+    """One line per configs.BWD_HOPPER entry: the head dim, the mask, from how many keys the sm90 kernels take the
+    call, and which kernel files run it, by default and with deterministic=True."""
+    from . import configs
+    lines = []
+    for (head_dim, causal), config in sorted(configs.BWD_HOPPER.items()):
+        dq = "bwd_dq_hopper.py (dQ, delta)" if config.dq_hopper is not None else "bwd.py (dQ programs, delta)"
+        plan, exact = (BACKWARD_FILES[config.design(d)].format(dq=dq) for d in (False, True))
+        lines.append(f"D={head_dim} {'causal' if causal else 'full'}, from {config.min_seqlen_k} keys: {plan}"
+                     + ("" if exact == plan else f"; deterministic=True: {exact}"))
+    return lines
+
+
 def info(_args):
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}")
@@ -116,11 +136,10 @@ def info(_args):
         from . import configs
         print(f"forward backend: {configs.FWD_BACKEND} (FLASHTILE_FWD_BACKEND); the Hopper kernel covers head dims "
               f"{sorted({d for d, _ in configs.FWD_HOPPER})} on sm90")
-        gluon_dq = all(c.dq_hopper is not None for c in configs.BWD_HOPPER.values())
-        print(f"backward backend: {configs.BWD_BACKEND} (FLASHTILE_BWD_BACKEND); the sm90 dK/dV kernel covers head "
-              f"dims {sorted({d for d, _ in configs.BWD_HOPPER})} from "
-              f"{min(c.min_seqlen_k for c in configs.BWD_HOPPER.values())} keys, with dQ by the "
-              f"{'Gluon' if gluon_dq else 'portable'} dQ kernel")
+        print(f"backward backend: {configs.BWD_BACKEND} (FLASHTILE_BWD_BACKEND); on sm90, batch mode, in "
+              f"flashtile/kernels/:")
+        for line in backward_plans():
+            print(f"  {line}")
     else:
         print("no CUDA GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1)")
     return 0

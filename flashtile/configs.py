@@ -200,6 +200,13 @@ class HopperBwdConfig:
     single_pass: bool = False  # dQ reduced in L2 from the dK/dV kernel (deterministic=True keeps two kernels)
     split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (bwd_split_hopper.py)
 
+    def design(self, deterministic=False):
+        """How kernels/bwd_hopper.launch_bwd_hopper runs a call: "one pass", "two kernels" (dQ, then dK and dV) or
+        "split gradients" (dQ, then dK and dV by a warpgroup each)."""
+        if self.single_pass and not deterministic:
+            return "one pass"
+        return "split gradients" if self.split_gradients else "two kernels"
+
     def __post_init__(self):
         if self.dq is None and self.dq_hopper is None:
             raise ValueError("HopperBwdConfig needs a dQ kernel (dq or dq_hopper): deterministic=True runs it")

@@ -54,3 +54,19 @@ def test_viz_asks_before_writing_a_large_page(tmp_path, capsys, monkeypatch):
         cli.main(["viz", "--seqlen", "16", "-o", str(out)])
     assert exit_info.value.code == 2 and "--force" in capsys.readouterr().err and not out.exists()
     assert cli.main(["viz", "--seqlen", "16", "--force", "-o", str(out)]) == 0 and out.exists()
+
+
+def test_info_names_the_files_that_run_each_sm90_backward():
+    """`flashtile info`'s backward lines: one per configs.BWD_HOPPER entry, from its min_seqlen_k, naming kernel files
+    that exist, in launch order, and what deterministic=True runs instead where it differs."""
+    import re
+    from pathlib import Path
+    from flashtile import configs
+    lines = cli.backward_plans()
+    assert len(lines) == len(configs.BWD_HOPPER)
+    kernels = Path(cli.__file__).parent / "kernels"
+    for line in lines:
+        for name in re.findall(r"(\w+\.py)", line):
+            assert (kernels / name).is_file(), line
+    assert any("bwd_split_hopper.py" in line and line.startswith("D=256") for line in lines)
+    assert any("deterministic=True: bwd_dq_hopper.py" in line for line in lines)  # the one pass's exact fallback

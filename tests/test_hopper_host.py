@@ -335,6 +335,9 @@ def test_hopper_backward_configs_name_a_dq_kernel():
     for config in configs.BWD_HOPPER.values():
         assert config.dq is not None or config.dq_hopper is not None
         assert not (config.single_pass and config.split_gradients)
+        assert config.design(deterministic=True) != "one pass"  # bitwise reproducible: no reduce-add into dQ
+    assert configs.BWD_HOPPER[(256, False)].design() == "split gradients"
+    assert configs.BWD_HOPPER[(128, False)].design() == "one pass"
     with pytest.raises(ValueError, match="dQ kernel"):
         configs.HopperBwdConfig()
     with pytest.raises(ValueError, match="split_gradients"):

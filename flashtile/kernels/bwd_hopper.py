@@ -313,7 +313,8 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     from .. import configs
     from .bwd import launch_bwd, launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
-    if config.single_pass and not deterministic:
+    design = config.design(deterministic)
+    if design == "one pass":
         delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config))
         if dlse is not None:
             delta = delta - dlse
@@ -332,7 +333,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
         launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
                    (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
                    write_delta=not delta_in)
-    if config.split_gradients:
+    if design == "split gradients":
         from . import bwd_split_hopper
         grid, args, kwargs = bwd_split_hopper.launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal,
                                                           bottom_right, config)
