@@ -226,13 +226,13 @@ BWD_HOPPER = {
                                   single_pass=True),
     (128, True): HopperBwdConfig(BwdConfig(64, 64, 64, 64, 4, 3, "none"), dq_hopper=HopperDqConfig()),
     # one pass, 3 stages: the fastest D=64 non-causal design from 4k keys, below it the portable one-launch kernel
-    # (docs/results/bwd-hopper-sweep-run40.md)
+    # (docs/perf.md, backward v7)
     (64, False): HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128), single_pass=True,
                                  min_seqlen_k=4096),
-    # two kernels tie the portable backward causal at every length and need no atomics (bwd-hopper-sweep-run40.md)
+    # two kernels tie the portable backward causal at every length and need no atomics (docs/perf.md, backward v7)
     (64, True): HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), min_seqlen_k=0),
     # one warpgroup per gradient: the only tiles whose two fp32 gradients fit; 64 query rows a step beat 32 by 6-10 %
-    # (bwd-hopper-sweep-run40.md); the portable kernel spills at D=256 at every length
+    # (docs/perf.md, backward v6); the portable kernel spills at D=256 at every length
     (256, False): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True,
                                   min_seqlen_k=0),
     (256, True): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True,
