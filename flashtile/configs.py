@@ -166,10 +166,6 @@ FWD_HOPPER = {
 # "portable" (tests and benchmarks compare the two).
 FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
 
-# HopperFwdConfig.frozen_max in bf16 (docs/perf.md, forward v42): "0" turns it off, for inputs whose scores rise far
-# past each work item's first K/V tile (their rows are then recomputed exactly, by one warpgroup at the launch's end).
-FROZEN_MAX = os.environ.get("FLASHTILE_FROZEN_MAX", "1") != "0"
-
 # The backward: "auto" (kernels/bwd_hopper.py where its config's min_seqlen_k allows, else kernels/bwd.py),
 # "hopper" (bwd_hopper wherever it applies: sm90, D=64/128/256, bf16/fp16, batch mode, full or causal) or "portable".
 BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "auto")

@@ -328,16 +328,23 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
         assert all(torch.equal(out, expected) for out in outs)
 
 
-def check_rising_scores(head_dim, causal, seqlen=3000):
-    """Scores that rise along the keys, by about 100 log2 units for the query heads of KV head 0 (past the frozen
-    reference's range: those rows fall back to kernels/exact_rows.py) and 40 for KV head 1's (P up to ~2^40, no
-    fallback); the other rows are random. Poisoned outputs show rows nobody stored."""
+def check_rising_scores(head_dim, causal, kind, seqlen=3000):
+    """``kind`` "rising": scores that rise along the keys, by about 100 log2 units in the query heads of KV head 0 and
+    40 in KV head 1's; their rows move their reference up as the sums grow (fwd_hopper._rebase) and none falls back.
+    "dominant": one key (the middle one) 150 log2 units above the rest in KV head 0's query heads, where P overflows
+    float32, so those rows fall back to kernels/exact_rows.py. The other rows are random. Poisoned outputs show rows
+    nobody stored."""
     q = randn(2, seqlen, 4, head_dim, dtype=torch.bfloat16)
     k, v = (randn(2, seqlen, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
-    for kv_head, rise in ((0, 100.0), (1, 40.0)):
+    rises = ((0, 100.0), (1, 40.0)) if kind == "rising" else ((0, 150.0), )
+    for kv_head, rise in rises:
         amplitude = (rise / 1.4427 * head_dim ** 0.5) ** 0.5  # q·k / sqrt(D) rises by this squared over the keys
         q[:, :, 2 * kv_head:2 * kv_head + 2, 0] = amplitude
-        k[:, :, kv_head, 0] = torch.linspace(0, amplitude, seqlen, device=k.device)
+        if kind == "rising":
+            k[:, :, kv_head, 0] = torch.linspace(0, amplitude, seqlen, device=k.device)
+        else:
+            k[:, :, kv_head, 0] = 0.0
+            k[:, seqlen // 2, kv_head, 0] = amplitude
     from flashtile.kernels import fwd_hopper
     for counter in fwd_hopper._COUNTERS.values():
         counter.zero_()
@@ -345,9 +352,10 @@ def check_rising_scores(head_dim, causal, seqlen=3000):
         out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     ref, ref_lse = reference.attention(q, k, v, causal=causal)
     assert_attention_close(out, ref, torch_attention(q, k, v, causal), lse, ref_lse)
-    torch.cuda.synchronize()  # the launch queued rows for _redo, which set the counts back to 0
+    torch.cuda.synchronize()  # a launch that queued rows for _redo set the counts back to 0
     counters = list(fwd_hopper._COUNTERS.values())
-    assert any(c[fwd_hopper.REDO_QUEUE:].any() for c in counters), "no rows fell back"
+    fell_back = any(c[fwd_hopper.REDO_QUEUE:].any() for c in counters)
+    assert fell_back == (kind == "dominant"), "rows fell back" if fell_back else "no rows fell back"
     assert all(not c[:fwd_hopper.REDO_QUEUE].any() for c in counters)
 
 
@@ -355,11 +363,13 @@ def check_rising_scores(head_dim, causal, seqlen=3000):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.frozen_max (each K/V tile after an item's first exponentiated against that tile's
-    row maxima), shipped in every config of the head dim: forced onto every shape, then on scores that rise past
-    the frozen reference's range in some heads (their rows recomputed exactly) and within it in others."""
+    row maxima, moved up as row sums grow), shipped in every config of the head dim: forced onto every shape, then
+    on scores that rise along the keys (no row falls back) and on one key past float32's range (its rows recomputed
+    exactly)."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
     for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
         assert cfg.frozen_max
         check_hopper_config(cfg, head_dim, causal, monkeypatch)
-        check_rising_scores(head_dim, causal)
+        check_rising_scores(head_dim, causal, "rising")
+        check_rising_scores(head_dim, causal, "dominant")

@@ -22,11 +22,14 @@ that its fp32 copy is not alive beside the next scores, and from 2k rows keeps Q
 the start of the item. Each thread keeps its own share of the row sums of P (LANE_SUMS), which the four lanes holding
 a row add once per item, not every step.
 
-FROZEN_MAX (bf16): every K/V tile after an item's first is exponentiated against the first tile's row maxima, so a
-step has no row maximum, no rescaling of O and no correction of l; P may exceed 1, which floating point carries
-exactly until something overflows. A warpgroup whose row sums reach 2^64 (or inf / NaN) stores nothing and queues
-its rows in ``counter``; once every program is done, the launch's last one recomputes them exactly
-(kernels/exact_rows.py).
+FROZEN_MAX (bf16): every K/V tile after an item's first is exponentiated against a reference kept per row, not
+against the tile's own row maxima, so a step has no row maximum, no rescaling of O and no correction of l; P may
+exceed 1, which floating point carries exactly until something overflows. The reference starts at the first tile's
+row maxima; at every eighth tile, rows whose sum has reached 2^16 move it up by ⌊log2 l⌋ and scale O and l by that
+power of two (_rebase), so scores that rise along the keys cost what random ones do. Only a score more than about
+80 log2 units above everything before it overflows float32: a warpgroup whose O or row sums are then not finite
+stores nothing and queues its rows in ``counter``; once every program is done, the launch's last one recomputes
+them exactly (kernels/exact_rows.py).
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -51,6 +54,8 @@ from .replay import Replay, Replays, aligned, detach_descriptor, stream_handle
 from .tiles import cdiv, num_sms
 
 WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
+REBASE_AT = gl.constexpr(2.0**16)  # FROZEN_MAX: a row sum at this moves the row's reference up (_rebase) ...
+REBASE_EVERY = gl.constexpr(8)  # ... at every REBASE_EVERY-th K/V tile of an item, and after its last
 REDO_QUEUE = gl.constexpr(3)  # counter: [0] claims (SCHEDULE 3), [1] codes queued for _redo, [2] consumers done, queue
 
 
@@ -307,6 +312,25 @@ def _lane_sums(l_i, alpha, p, BLOCK_N: gl.constexpr, LANE_SUMS: gl.constexpr):
 
 
 @gluon.jit
+def _rebase(m_ref, l_i, LANE_SUMS: gl.constexpr):
+    """FROZEN_MAX: rows whose running sum reached REBASE_AT take a reference ⌊log2 l⌋ higher (l from a quad's
+    largest share with LANE_SUMS), so that later tiles' P stays far from float32's range whatever the scores do.
+    Returns the new reference, l and the factor alpha (a power of two, 1 where nothing moved) that O takes."""
+    if LANE_SUMS:
+        l_row = gl.convert_layout(gl.max(l_i, axis=1), m_ref.type.layout, assert_trivial=True)
+    else:
+        l_row = l_i
+    e = gl.where(l_row >= REBASE_AT, gl.minimum((l_row.to(gl.int32, bitcast=True) >> 23) - 127, 126), 0)  # [WG_M]
+    alpha = ((127 - e) << 23).to(gl.float32, bitcast=True)  # 2^-e
+    shift = e.to(gl.float32)
+    if LANE_SUMS:
+        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)[:, None]
+    else:
+        l_i = l_i * alpha
+    return m_ref + shift, l_i, alpha
+
+
+@gluon.jit
 def _operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, CONVERT: gl.constexpr):
     """P as the 16-bit A operand of P·V, in registers (with CONVERT; else P already is)."""
     if CONVERT:
@@ -407,6 +431,7 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                                                EXP2_FMA)
         l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
+        alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
         p = _operand(p, p_layout, dtype, EARLY_P)
         for j in range(1, n_own):
             stage = (g + j) % STAGES
@@ -432,6 +457,8 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
             if not STAGE_K or j < n_own - 1:
                 mbarrier.arrive(k_free.index(stage))
             if FROZEN_MAX:
+                if j % REBASE_EVERY == 0:
+                    m_ref, l_i, alpha = _rebase(m_ref, l_i, LANE_SUMS)
                 p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, BLOCK_N, CAUSAL, s_layout) * qk_scale
                             - m_ref[:, None])  # [WG_M, BLOCK_N]
                 l_i = _lane_sums(l_i, None, p, BLOCK_N, LANE_SUMS)
@@ -446,6 +473,8 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
             p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
             if not FROZEN_MAX:
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            elif j % REBASE_EVERY == 0:  # O up to tile j - 1 joins its rows' new reference
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         last = (g + n_own - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
         _take_turn(turn, wg, turns + n_own, PINGPONG)
@@ -453,6 +482,9 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
         _pass_turn(turn, wg, NUM_WG, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_free.index(last))
+        if FROZEN_MAX:  # the last tiles' sums, moved back under REBASE_AT with the rest
+            m_ref, l_i, alpha = _rebase(m_ref, l_i, LANE_SUMS)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
                     PINGPONG)
 
@@ -463,9 +495,12 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         held = True
         lse_kept = offs_m < sq
-        if FROZEN_MAX:  # the frozen reference held unless some row sum reached FROZEN_LIMIT (or is inf / NaN)
+        if FROZEN_MAX:  # the reference held unless a row sum reached FROZEN_LIMIT or O is not finite
             m_i = m_ref
-            bad = gl.max(gl.where((l_i < FROZEN_LIMIT) | (offs_m >= sq), 0, 1), axis=0)
+            ok = l_i < FROZEN_LIMIT
+            acc_ok = gl.min(gl.where(gl.abs(acc) < float("inf"), 1, 0), axis=1)  # [WG_M]
+            ok = ok & (gl.convert_layout(acc_ok, gl.SliceLayout(1, s_layout)) > 0)
+            bad = gl.max(gl.where(ok | (offs_m >= sq), 0, 1), axis=0)
             held = bad == 0
             lse_kept = lse_kept & held
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
@@ -783,9 +818,8 @@ def uses_claims(config, causal, varlen, seqlen_q):
 
 
 def uses_frozen_max(config, dtype):
-    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow to 2^64, past fp16's range), unless
-    FLASHTILE_FROZEN_MAX=0 (configs.FROZEN_MAX) turned it off."""
-    return config.frozen_max and configs.FROZEN_MAX and dtype == torch.bfloat16
+    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow far past fp16's range)."""
+    return config.frozen_max and dtype == torch.bfloat16
 
 
 def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q):
