@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from . import configs
+from . import configs, dispatch
 from .checks import interpreter_enabled
 from .kernels.bwd import launch_bwd, launch_preprocess
 from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
@@ -102,7 +102,7 @@ def _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     if packed:
         _ensure_allocator(q.device)
     if config is None:
-        config = configs.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
+        config = dispatch.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
                config, softcap, _unit_last_stride(alibi_slopes))
@@ -150,7 +150,7 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
                           deterministic, dlse=dlse)
         return dq, dk, dv
     if config is None:
-        config = configs.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
+        config = dispatch.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
                                     _arch(q.device), interpreter_enabled())
     delta = None
     if dlse is not None:
@@ -351,18 +351,18 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
         rows = nheads // nheads_k * seqlen_q
         if block_table is not None:
             tma = reads_by_tma(k_cache, v_cache)
-            config = configs.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma, tma and adjacent,
+            config = dispatch.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma, tma and adjacent,
                                                  programs, capacity, sms)
         elif adjacent:  # cheapest test first: this runs on every decode step
-            heads = configs.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
+            heads = dispatch.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
             config = heads if heads and reads_by_tma(k_cache, v_cache) else None
     programs //= config.heads if config else 1
     if num_splits <= 0:
-        num_splits = configs.decode_splits(programs, capacity, sms)
+        num_splits = dispatch.decode_splits(programs, capacity, sms)
     per_split = cdiv(capacity, max(num_splits, 1))
     if config is None:
-        waves = configs.decode_waves(programs, sms)
-        config = configs.decode_config(head_dim_pad(head_dim), interpreter_enabled(), waves, per_split)
+        waves = dispatch.decode_waves(programs, sms)
+        config = dispatch.decode_config(head_dim_pad(head_dim), interpreter_enabled(), waves, per_split)
     chunk = cdiv(per_split, config.block_n) * config.block_n
     num_splits = cdiv(capacity, chunk)
     scratch = None
@@ -384,7 +384,7 @@ def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, 
             or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None
             or window_size[0] >= 0 or (window_size[1] >= 0 and q.shape[1] > 1)):
         return None
-    config = configs.decode_hopper_config(q.shape[-1], programs, capacity, sms)
+    config = dispatch.decode_hopper_config(q.shape[-1], programs, capacity, sms)
     if config is None:
         return None
     from .kernels import decode_hopper

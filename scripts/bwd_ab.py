@@ -3,7 +3,7 @@
     python3 scripts/bwd_ab.py --old path/to/old/bwd.py [--rounds 5]
 
 The old file is loaded as a module of flashtile.kernels (its relative imports resolve there), so only bwd.py may
-differ. Each shape times both launch_bwd's with the shipped tile config (configs.bwd_config), rounds turns each,
+differ. Each shape times both launch_bwd's with the shipped tile config (dispatch.bwd_config), rounds turns each,
 do_bench medians; prints a markdown table, the median over turns of old / new per shape, and checks dQ, dK, dV of
 the two agree.
 """
@@ -14,7 +14,7 @@ import sys
 import torch
 import triton
 
-from flashtile import configs, ops
+from flashtile import configs, dispatch, ops
 from flashtile.kernels import bwd as new_bwd
 from flashtile.kernels.tiles import head_dim_pad
 
@@ -45,7 +45,7 @@ def main():
             q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             window = (-1, 0) if causal else (-1, -1)
             out, lse = ops.attention_forward(q, k, v, d ** -0.5, window, True)
-            cfg = configs.bwd_config(head_dim_pad(d), causal, 2, (9, 0), False)
+            cfg = dispatch.bwd_config(head_dim_pad(d), causal, 2, (9, 0), False)
             grads = {name: [torch.empty_like(t) for t in (q, k, v)] for name in ("new", "old")}
 
             def run(module, name):

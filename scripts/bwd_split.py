@@ -8,13 +8,13 @@ import math
 import torch
 import triton
 
-from flashtile import configs
+from flashtile import configs, dispatch
 from flashtile.kernels.bwd import launch_bwd, launch_preprocess
 from flashtile.kernels.bwd_hopper import flash_bwd_dkdv_hopper_kernel, launch_args, launch_bwd_hopper
 from flashtile.ops import attention_forward
 
-DQ_CANDIDATES = [configs.BwdConfig(64, 64, 64, 64, 4, 3, "none"), configs.BwdConfig(64, 64, 128, 64, 8, 3, "none"),
-                 configs.BwdConfig(64, 64, 64, 128, 4, 3, "none"), configs.BwdConfig(64, 64, 128, 128, 8, 2, "none")]
+DQ_CANDIDATES = [configs.from_fields(configs.BwdConfig, (64, 64, m2, n2, warps, stages, "none"))
+                 for m2, n2, warps, stages in ((64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 2))]
 
 
 def ms(fn):
@@ -51,7 +51,7 @@ def main():
                 t = ms(lambda: launch_bwd(do, q, k, v, out, lse, dq, dk, dv, None, None, None, None, scale, window,
                                           True, True, cfg, delta=delta, dkdv=False))
                 cells.append(f"{t:.3f} ({3 * pair / t / 1e9:.0f})")
-            cfg = configs.bwd_config(128, causal, 2, (9, 0), False)
+            cfg = dispatch.bwd_config(128, causal, 2, (9, 0), False)
             t = ms(lambda: launch_bwd(do, q, k, v, out, lse, dq, dk, dv, None, None, None, None, scale, window,
                                       True, False, cfg))
             cells.append(f"{t:.3f} ({5 * pair / t / 1e9:.0f})")

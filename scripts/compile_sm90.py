@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from flashtile import configs
+from flashtile import configs, dispatch
 from flashtile.kernels.decode import flash_decode_split_kernel, merge_rows_per_step
 from flashtile.kernels.bwd import flash_bwd_kernel
 from flashtile.kernels.fwd import flash_fwd_kernel
@@ -109,10 +109,10 @@ def decode_launches():
     is not a multiple of 8, read by pointers); a program takes 16 rows up to the config's max_rows. Both ends are
     compiled where tiles come by TMA, max_rows alone by pointers (in the sweep that set max_rows, every compile
     failure and every shared-memory overflow came at more rows than a size that passed)."""
-    cases = [(pad, cfg, paged, tma) for pad, cfg in configs.decode_configs_sm90()
+    cases = [(pad, cfg, paged, tma) for pad, cfg in dispatch.decode_configs_sm90()
              for paged, tma in (((False, True), (False, False), (True, True), (True, False)) if cfg.heads == 1
                                 else ((False, True), ))]
-    cases += [(pad, cfg, True, tile > 0) for pad, tile, cfg in configs.decode_paged_configs_sm90()]
+    cases += [(pad, cfg, True, tile > 0) for pad, tile, cfg in dispatch.decode_paged_configs_sm90()]
     return [(pad if tma else pad - 5, pad, cfg, paged, tma, rows) for pad, cfg, paged, tma in cases
             for rows in sorted({16 if tma else cfg.max_rows, cfg.max_rows})]
 

@@ -151,7 +151,8 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
     from flashtile import ops
     from flashtile.bench.decode import peers
     from flashtile.bench.__main__ import best_of_turns
-    from flashtile.configs import DecodeConfig, decode_config, decode_splits, decode_waves
+    from flashtile.configs import DecodeConfig
+    from flashtile.dispatch import decode_config, decode_splits, decode_waves
     from flashtile.kernels import decode
     from scripts.decode_read_floor import cache
     cands = list(zip(*[iter(configs_flat)] * fields))
@@ -180,7 +181,8 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
                     def run_before(args=(q, kc, vc, lens, None, None, seqlen, 128 ** -0.5, (-1, -1), 0)):
                         ops.launch_decode = before.launch_decode
                         try:
-                            return ops.kvcache_forward(*args, config=DecodeConfig(128, 4, shipped.num_stages),
+                            return ops.kvcache_forward(*args, config=DecodeConfig(block_n=128, num_warps=4,
+                                                                                  num_stages=shipped.num_stages),
                                                        want_lse=False)
                         finally:
                             ops.launch_decode = decode.launch_decode
@@ -194,7 +196,9 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
                         ops.kvcache_forward, q, kc, vc, lens, None, None, seqlen, 128 ** -0.5, (-1, -1), 0,
                         want_lse=False)
                 for name, (bn, warps, stages, groups, s, *heads) in zip(names[-len(cands):], cands):
-                    cfg = DecodeConfig(bn, warps, stages or shipped.num_stages, groups, *heads)
+                    cfg = DecodeConfig(block_n=bn, num_warps=warps, num_stages=stages or shipped.num_stages,
+                                       key_groups=groups,
+                                       heads=heads[0] if heads else 1)
                     if s < 0:
                         s = -s * decode_splits(batch * 8 // cfg.heads, seqlen, sms)
                     timers[name] = functools.partial(ops.kvcache_forward, q, kc, vc, lens, None, None, seqlen,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from flashtile import flash_attn_with_kvcache, ops, set_value_checks
 from flashtile.bench.__main__ import best_of_turns
 from flashtile.bench.decode import _eager_us, paged_cache
-from flashtile.configs import DecodeConfig
+from flashtile.configs import DecodeConfig, from_fields
 
 NHEADS, NHEADS_K, HEAD_DIM = 32, 8, 128
 
@@ -49,7 +49,7 @@ def timers(batch, seqlen, page_sizes, configs, leftpad=0):
         fns[f"gather + cuDNN, {page_size}"] = lambda kp=kp, vp=vp, table=table: cudnn(
             kp[table].flatten(1, 2).transpose(1, 2), vp[table].flatten(1, 2).transpose(1, 2))
         for c in (c[1:] for c in configs if c[0] == page_size):
-            cfg, splits = DecodeConfig(*c[:4], heads=c[5]), c[4]
+            cfg, splits = from_fields(DecodeConfig, (*c[:4], c[5])), c[4]
             fns[f"{page_size}: " + "/".join(map(str, c))] = lambda kp=kp, vp=vp, table=table, cfg=cfg, splits=splits: ops.kvcache_forward(
                 q, kp, vp, seqlens, None, table, seqlen, HEAD_DIM ** -0.5, (-1, -1), splits, config=cfg, want_lse=False)[0]
     return fns

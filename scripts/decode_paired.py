@@ -16,7 +16,7 @@ import torch
 from flashtile import ops
 from flashtile.bench.decode import _eager_us, peers
 from flashtile.bench.__main__ import every_turn
-from flashtile.configs import DecodeConfig
+from flashtile.configs import DecodeConfig, from_fields
 from scripts.decode_read_floor import cache
 
 
@@ -37,7 +37,7 @@ def candidates(batch, seqlen, layout, configs):
     for c in configs:
         fns["/".join(map(str, c))] = functools.partial(
             ops.kvcache_forward, q, kc, vc, seqlens, None, None, seqlen, 128 ** -0.5, (-1, -1), c[4],
-            config=DecodeConfig(*c[:4], heads=c[5]), want_lse=False)
+            config=from_fields(DecodeConfig, (*c[:4], c[5])), want_lse=False)
     return fns, (q, kc, vc)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from flashtile import configs
 from flashtile.bench.decode import peers
-from flashtile.configs import DecodeHopperConfig
+from flashtile.configs import DecodeHopperConfig, from_fields
 from flashtile.kernels.decode_hopper import launch_decode_hopper, supports
 from scripts.decode_paired import HEADER, paired_rows
 from scripts.decode_read_floor import cache
@@ -73,7 +73,7 @@ def main():
     parser.add_argument("--layouts", nargs="+", default=["head", "key"], choices=["head", "key"])
     parser.add_argument("--configs", type=int, nargs="*", default=[64, 2, 168, 128])
     args = parser.parse_args()
-    configs = [DecodeHopperConfig(*c) for c in zip(*[iter(args.configs)] * 4)]
+    configs = [from_fields(DecodeHopperConfig, c) for c in zip(*[iter(args.configs)] * 4)]
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}: {args.turns} turns; Gluon configs "
           "block_n/stages/consumer_regs/maxnreg\n")
     print(HEADER)

@@ -19,7 +19,8 @@ PORTABLE = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 3), (64,
             (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 4, 2),
             (128, 128, 8, 2)]
 PORTABLE_IN_CONFIGS = [(64, 64, 4, 3), (128, 64, 8, 3)]
-GLUON = [HopperDqConfig(128, 64, 2), HopperDqConfig(128, 64, 3), HopperDqConfig(128, 128, 2)]
+GLUON = [HopperDqConfig(block_m=128, block_n=64, num_stages=2), HopperDqConfig(block_m=128, block_n=64, num_stages=3),
+         HopperDqConfig(block_m=128, block_n=128, num_stages=2)]
 
 
 def main():
@@ -38,7 +39,9 @@ def main():
             window = (-1, 0) if causal else (-1, -1)
             out, lse = attention_forward(q, k, v, 1 / math.sqrt(d), window, True, torch.empty_like(q))
             data.append((q, k, v, do, out, lse, 2 * b * h * n * n * d / (2 if causal else 1), {}))
-        runs = [(f"portable {m2}x{n2}, {w} warps, {st} stages", BwdConfig(64, 64, m2, n2, w, st, "none"))
+        runs = [(f"portable {m2}x{n2}, {w} warps, {st} stages",
+                 BwdConfig(block_m1=64, block_n1=64, block_m2=m2, block_n2=n2, num_warps=w, num_stages=st,
+                           dq_atomic="none"))
                 for m2, n2, w, st in portable]
         runs += [(f"Gluon {c.block_m}x{c.block_n}, {c.num_stages} stages", c) for c in GLUON]
         for label, cfg in runs:

@@ -38,7 +38,7 @@ def variant_configs(table, head_dim, everywhere, settings):
         cfg = table.get((head_dim, causal))
         if everywhere:
             cfg = (dataclasses.replace(cfg, min_seqlen_q=0) if cfg else
-                   configs.HopperFwdConfig(128, 128, 3, persistent=True))
+                   configs.HopperFwdConfig(block_m=128, block_n=128, num_stages=3, persistent=True))
         if cfg is not None:
             extra = {"below": dataclasses.replace(cfg.below, **below)} if below and cfg.below is not None else {}
             out[(head_dim, causal)] = dataclasses.replace(cfg, **fields, **extra)

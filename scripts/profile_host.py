@@ -7,7 +7,7 @@ import torch
 import triton
 
 import flashtile
-from flashtile import checks, configs, ops
+from flashtile import checks, configs, dispatch, ops
 from flashtile.kernels.decode import launch_decode, partial_elements
 
 
@@ -34,7 +34,7 @@ def main():
     k_cache, v_cache = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     seqlens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
     out, lse = torch.empty_like(q), torch.empty(1, 32, 1, device="cuda")
-    cfg = configs.decode_config(128, False)
+    cfg = dispatch.decode_config(128, False)
     scratch = ops._scratch(q.device, 8, partial_elements(16, 1, 1, 32, 128))
     x = torch.empty(1, device="cuda")
     qf, kf, vf = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import ops, reference
+from flashtile import dispatch, ops, reference
 from helpers import (DEVICE, poisoned_outputs, randn, slack, torch_attention, torch_attention_varlen,
                      varlen_inputs)
 
@@ -332,7 +332,7 @@ def test_dq_programs_that_write_delta(causal):
     k, v = (randn(2, 77, 2, 64, dtype=torch.float16) for _ in range(2))
     window = (-1, 0) if causal else (-1, -1)
     out, lse = ops.attention_forward(q, k, v, 0.125, window, True)
-    cfg = configs.bwd_config(64, causal, 2, None, True)
+    cfg = dispatch.bwd_config(64, causal, 2, None, True)
     expected = [torch.empty_like(t) for t in (q, k, v)]
     launch_bwd(dout, q, k, v, out, lse, *expected, None, None, None, None, 0.125, window, True, True, cfg)
     delta = torch.full_like(lse, float("nan"))

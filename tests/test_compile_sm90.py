@@ -30,7 +30,7 @@ def _compile_in_shards(*args, shards=2):
 
 def test_forward_compiles_for_sm90():
     rows = _compile_in_shards()
-    from flashtile import configs
+    from flashtile import configs, dispatch
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel"} | hopper
@@ -64,8 +64,8 @@ def test_every_decode_launch_compiles_for_sm90():
     shared memory and never spills. flash-attn's kvcache tests once picked tiles that did neither: 384 query rows a
     head at D=64 (the compiler failed), 96 at D=256 with key groups (out of shared memory)."""
     rows = _compile_in_shards("--decode")
-    from flashtile import configs
-    assert len(rows) > 2 * (len(configs.decode_configs_sm90()) + len(configs.decode_paged_configs_sm90()))
+    from flashtile import configs, dispatch
+    assert len(rows) > 2 * (len(dispatch.decode_configs_sm90()) + len(dispatch.decode_paged_configs_sm90()))
     assert {r["tma"] for r in rows} == {True, False} and {r["paged"] for r in rows} == {True, False}
     for row in rows:
         assert row["local"] == 0 and row["shared"] <= SM90_SHARED_LIMIT, row
@@ -74,12 +74,12 @@ def test_every_decode_launch_compiles_for_sm90():
 
 def test_decode_rows_a_program_stay_within_the_config():
     """More query rows than a config's max_rows take more row tiles (one arrival counter each), never a larger tile."""
-    from flashtile import configs
+    from flashtile import configs, dispatch
     from flashtile.kernels.decode import arrival_slots, block_rows
     d64, d128 = configs.DECODE_SM90[64], configs.DECODE_SM90[128]
     assert block_rows(6, 64, d64) == 32 and arrival_slots(2, 1, 6, 64, d64) == 2 * 12  # 384 rows in 12 tiles
     assert block_rows(6, 64, d128) == 128 and block_rows(4, 1, d128) == 16 and block_rows(3, 5, d128) == 16
-    grouped = configs.decode_config(256, False, False, configs.DECODE_GROUPED_FROM)
+    grouped = dispatch.decode_config(256, False, False, configs.DECODE_GROUPED_FROM)
     assert grouped.key_groups == configs.DECODE_KEY_GROUPS and block_rows(6, 16, grouped) == 32
 
 
@@ -132,7 +132,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
 def test_hopper_dq_compiles_for_sm90(head_dim, delta_in):
     """kernels/bwd_dq_hopper.py with each head dim's shipped tiles, computing delta or reading it: warp-specialized,
     wgmma asynchronous, no spills, within shared memory."""
-    from flashtile import configs
+    from flashtile import configs, dispatch
     rows = _gluon_backward_rows("compile_hopper_dq", f", None, {head_dim}, {delta_in}")
     for row, causal in zip(rows, (False, True)):
         block_n = configs.BWD_HOPPER[(head_dim, causal)].dq_hopper.block_n
@@ -157,8 +157,8 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
-    for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(192, 128, 3, 160, 128, "
-                              "persistent=True)) for c in (False, True)]"):
+    for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(block_m=192, block_n=128, "
+                              "num_stages=3, consumer_regs=160, maxnreg=128, persistent=True)) for c in (False, True)]"):
         assert row["setmaxnreg"] > 0 and not row["serialized"], row
         assert row["wgmma"] == 72 and row["shared"] <= SM90_SHARED_LIMIT, row  # 3 consumers x (4 + 4 + 8 + 8) k-steps
         assert row["local"] <= (68 if row["causal"] else 0), row

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import reference
+from flashtile import dispatch, reference
 from flashtile.bench.decode import paged_cache
 from flashtile.kernels.tiles import tma_addressable
 from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention, value_checks
@@ -275,7 +275,7 @@ def _decode_case(monkeypatch, config, heads, capacity, lengths, new, layout):
     (head-major views for layout "head-major"), each V slot past its sequence's length inf, and the cache row of
     each sequence (shuffled for layout "batch-idx")."""
     from flashtile import configs
-    monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: config)
+    monkeypatch.setattr(dispatch, "decode_config", lambda *args, **kwargs: config)
     (nheads, nheads_k, head_dim), batch = heads, len(lengths)
     q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
     k_cache, v_cache = (randn(batch + 1, capacity, nheads_k, head_dim, dtype=torch.float16) for _ in range(2))
@@ -306,7 +306,8 @@ def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypat
     from flashtile import configs
     batch, capacity = 5, 192
     lengths = [0, 1, capacity, 97, 64]
-    q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(tiles[0], 4, 1, key_groups=tiles[1]),
+    q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(block_n=tiles[0], num_warps=4,
+                                                                               num_stages=1, key_groups=tiles[1]),
                                              (8, 2, 64), capacity, lengths, 2 if masks == "causal-window" else 1,
                                              layout)
     kwargs = dict(cache_seqlens=_i32(lengths), num_splits=num_splits, return_softmax_lse=True)
@@ -332,14 +333,15 @@ def test_decode_whole_and_last_tiles(tiles, masks, layout, num_splits, monkeypat
 @pytest.mark.parametrize("heads", [2, 4], ids=["2heads", "4heads"])
 def test_decode_several_kv_heads_a_program(heads, options, layout, num_splits, monkeypatch):
     """A program reads ``heads`` adjacent KV heads a tile, each head's query rows with their own softmax state
-    (configs.decode_heads_config): every head's output and LSE against the float64 reference, GQA 16/4, lengths
+    (dispatch.decode_heads_config): every head's output and LSE against the float64 reference, GQA 16/4, lengths
     0, 1, on a tile's edge, inside a tile and full (the slots past each length hold inf), one token or two causal
     with a window, a softcap with per-head ALiBi slopes; the cache key-major (flash-attn's), a head-major view,
     rows picked by cache_batch_idx, or pages of 16 keys (one TMA box of all the heads' keys a page)."""
     from flashtile import configs
     batch, capacity, nheads = 5, 80, 16
     lengths = [0, 1, capacity, 37, 48]
-    q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(16, 4, 1, heads=heads), (nheads, 4, 64),
+    q, k_cache, v_cache, rows = _decode_case(monkeypatch, configs.DecodeConfig(block_n=16, num_warps=4, num_stages=1,
+                                                                               heads=heads), (nheads, 4, 64),
                                              capacity, lengths, 2 if options == "causal-window" else 1, layout)
     kwargs = dict(cache_seqlens=_i32(lengths), num_splits=num_splits, return_softmax_lse=True)
     ref_kwargs = {}
@@ -377,9 +379,10 @@ def test_several_heads_config_refuses_what_it_cannot_read():
     k_cache, v_cache = (randn(2, 64, 2, 64, dtype=torch.float16) for _ in range(2))
     lens = _i32([10, 64])
     for config, call in [
-        (configs.DecodeConfig(16, 4, 1, heads=4), (q, k_cache, v_cache)),  # 4 heads of 2
-        (configs.DecodeConfig(16, 4, 1, key_groups=2, heads=2), (q, k_cache, v_cache)),
-        (configs.DecodeConfig(16, 4, 1, heads=2), (randn(2, 5, 8, 64, dtype=torch.float16), k_cache,
+        (configs.DecodeConfig(block_n=16, num_warps=4, num_stages=1, heads=4), (q, k_cache, v_cache)),  # 4 heads of 2
+        (configs.DecodeConfig(block_n=16, num_warps=4, num_stages=1, key_groups=2, heads=2), (q, k_cache, v_cache)),
+        (configs.DecodeConfig(block_n=16, num_warps=4, num_stages=1, heads=2), (randn(2, 5, 8, 64,
+                                                                                      dtype=torch.float16), k_cache,
                                                             v_cache)),  # 4 x 5 = 20 query rows a head
     ]:
         with pytest.raises(ValueError, match="several KV heads a program"):
@@ -387,7 +390,7 @@ def test_several_heads_config_refuses_what_it_cannot_read():
     k_pages, table = paged(k_cache, 16)  # 32-key tiles cross pages of 16: read by pointers
     with pytest.raises(ValueError, match="several KV heads a program"):
         ops.kvcache_forward(q, k_pages, k_pages, lens, None, table, 64, 0.125, (-1, -1), 1,
-                            config=configs.DecodeConfig(32, 4, 1, heads=2))
+                            config=configs.DecodeConfig(block_n=32, num_warps=4, num_stages=1, heads=2))
 
 
 def test_paged_dispatch():
@@ -395,22 +398,33 @@ def test_paged_dispatch():
     their programs fill the SMs with 4k keys each (pages under 64 keys) or 16k; else one head's boxes of 128 or 64
     keys inside a page; pointers where a tile cannot lie inside a page or TMA cannot address the pool."""
     from flashtile import configs
-    rule = functools.partial(configs.decode_paged_config, 128)
+    rule = functools.partial(dispatch.decode_paged_config, 128)
     b32_4k, b8_32k, b32_32k, b1_32k = (32 * 8, 4096, 132), (8 * 8, 32768, 132), (32 * 8, 32768, 132), (8, 32768, 132)
-    assert rule(16, 8, 4, True, True, *b32_32k) == configs.DecodeConfig(16, 4, 8, heads=4, max_rows=16)
-    assert rule(32, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(32, 4, 5, heads=4, max_rows=16)
-    assert rule(16, 8, 4, True, True, *b1_32k) == configs.DecodeConfig(128, 4, 5)  # 32 programs: pointers
-    assert rule(16, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(64, 4, 5)  # 2k keys a program: pointers
+    assert rule(16, 8, 4, True, True, *b32_32k) == configs.DecodeConfig(block_n=16, num_warps=4, num_stages=8, heads=4,
+                                                                        max_rows=16)
+    assert rule(32, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(block_n=32, num_warps=4, num_stages=5, heads=4,
+                                                                       max_rows=16)
+    assert rule(16, 8, 4, True, True, *b1_32k) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                       num_stages=5)  # 32 programs: pointers
+    assert rule(16, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(block_n=64, num_warps=4,
+                                                                       num_stages=5)  # 2k keys a program: pointers
     assert rule(256, 8, 4, True, True, *b32_32k).heads == 4  # 16k keys a program
-    assert rule(256, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 4k keys a program
-    assert rule(256, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(128, 4, 3)  # one wave
-    assert rule(64, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(64, 4, 7, max_rows=32)
-    assert rule(16, 8, 4, True, False, *b32_32k) == configs.DecodeConfig(64, 4, 5)  # heads apart: pointers
-    assert rule(16, 6, 4, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 6 KV heads: pointers
-    assert rule(16, 8, 20, True, True, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # 20 query rows a head
-    assert rule(256, 8, 4, False, False, *b8_32k) == configs.DecodeConfig(128, 4, 5)  # not TMA-addressable: pointers
+    assert rule(256, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                        num_stages=5)  # 4k keys a program
+    assert rule(256, 8, 4, True, True, *b32_4k) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                        num_stages=3)  # one wave
+    assert rule(64, 8, 4, True, True, *b8_32k) == configs.DecodeConfig(block_n=64, num_warps=4, num_stages=7,
+                                                                       max_rows=32)
+    assert rule(16, 8, 4, True, False, *b32_32k) == configs.DecodeConfig(block_n=64, num_warps=4,
+                                                                         num_stages=5)  # heads apart: pointers
+    assert rule(16, 6, 4, True, True, *b8_32k) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                       num_stages=5)  # 6 KV heads: pointers
+    assert rule(16, 8, 20, True, True, *b8_32k) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                        num_stages=5)  # 20 query rows a head
+    assert rule(256, 8, 4, False, False, *b8_32k) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                          num_stages=5)  # not TMA-addressable: pointers
     assert rule(48, 8, 4, True, True, *b8_32k).block_n == 16
-    assert configs.decode_paged_config(64, 256, 8, 4, True, True, *b32_32k) is None  # D=64: the contiguous tiles
+    assert dispatch.decode_paged_config(64, 256, 8, 4, True, True, *b32_32k) is None  # D=64: the contiguous tiles
     from flashtile.kernels.decode import reads_by_tma
     pool = randn(6, 16, 8, 64, dtype=torch.float16)
     assert reads_by_tma(pool, pool) and not reads_by_tma(pool, pool[..., ::2])
@@ -420,7 +434,7 @@ def test_several_heads_dispatch():
     """Which decode steps read several KV heads a program (D=128, 132 SMs): long caches whose programs still fill
     the SMs, flash-attn's layout only."""
     from flashtile import configs, ops
-    rule = configs.decode_heads_config
+    rule = dispatch.decode_heads_config
     assert rule(128, 8, 4, 32 * 8, 32768, 132).heads == 4  # B=32, L=32k: 64 programs x 2 splits of 16k keys
     assert rule(128, 8, 4, 8 * 8, 131072, 132).heads == 4  # B=8, L=128k: 16 x 8 of 16k
     assert rule(128, 8, 4, 8 * 8, 32768, 132) is None  # B=8, L=32k: 4k keys a program
@@ -442,29 +456,32 @@ def test_waves_dispatch():
     """Two programs an SM (DECODE_SM90_WAVES) once the (batch, KV head) programs fill the SMs, except where that would
     end on a tail wave of under one program an SM after full waves (132 SMs)."""
     from flashtile import configs
-    waves = [b for b in (8, 16, 17, 24, 32, 33, 34, 40, 48, 50, 64, 66, 80) if configs.decode_waves(b * 8, 132)]
+    waves = [b for b in (8, 16, 17, 24, 32, 33, 34, 40, 48, 50, 64, 66, 80) if dispatch.decode_waves(b * 8, 132)]
     assert waves == [17, 24, 32, 33, 50, 64, 66]
-    assert configs.decode_config(128, False, True, 32768) == configs.DecodeConfig(128, 4, 2, key_groups=4,
+    assert dispatch.decode_config(128, False, True, 32768) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                                   num_stages=2, key_groups=4,
                                                                                    max_rows=64)
-    assert configs.decode_config(128, False, False, 4096) == configs.DecodeConfig(128, 4, 3)
+    assert dispatch.decode_config(128, False, False, 4096) == configs.DecodeConfig(block_n=128, num_warps=4,
+                                                                                   num_stages=3)
 
 
 def test_warp_specialized_dispatch(monkeypatch):
-    """configs.decode_hopper_config: the Gluon kernel (D=128) from 4096 keys, where the (batch, KV head) programs fill
+    """dispatch.decode_hopper_config: the Gluon kernel (D=128) from 4096 keys, where the (batch, KV head) programs fill
     their waves of two an SM to nine tenths (132 SMs, 8 KV heads). ops._decode_hopper_config, as if on sm90: only one
     split over a contiguous head-major cache with no option that masks or biases scores, at most 16 query rows a KV
     head."""
     from flashtile import configs, ops
-    assert configs.DECODE_HOPPER[128].per_sm(128) == 2 and configs.DecodeHopperConfig(64, 3, 200, 168).per_sm(128) == 1
+    one_an_sm = configs.DecodeHopperConfig(block_n=64, num_stages=3, consumer_regs=200, maxnreg=168)
+    assert configs.DECODE_HOPPER[128].per_sm(128) == 2 and one_an_sm.per_sm(128) == 1
     batches = [b for b in (8, 16, 17, 24, 32, 33, 40, 48, 50, 64, 66, 80)
-               if configs.decode_hopper_config(128, b * 8, 4096, 132)]
+               if dispatch.decode_hopper_config(128, b * 8, 4096, 132)]
     assert batches == [32, 33, 64, 66]
-    assert configs.decode_hopper_config(128, 256, 2048, 132) is None  # short caches: the portable kernel
-    assert configs.decode_hopper_config(128, 256, 32768, 132) == configs.DECODE_HOPPER_LONG[128]
+    assert dispatch.decode_hopper_config(128, 256, 2048, 132) is None  # short caches: the portable kernel
+    assert dispatch.decode_hopper_config(128, 256, 32768, 132) == configs.DECODE_HOPPER_LONG[128]
     assert configs.DECODE_HOPPER_LONG[128].per_sm(128) == 2
-    assert configs.decode_hopper_config(64, 256, 4096, 132) is None
+    assert dispatch.decode_hopper_config(64, 256, 4096, 132) is None
     monkeypatch.setattr(configs, "DECODE_BACKEND", "portable")
-    assert configs.decode_hopper_config(128, 256, 4096, 132) is None
+    assert dispatch.decode_hopper_config(128, 256, 4096, 132) is None
     monkeypatch.setattr(configs, "DECODE_BACKEND", "auto")
 
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))

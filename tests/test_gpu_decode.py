@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import flashtile
+from flashtile import dispatch
 from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn
 from test_decode import _guarded, _guards_intact, _i32, expected, many_rows_case, paged
 
@@ -55,7 +56,7 @@ def test_decode_real_sizes(page_size, new_tokens):
 @pytest.mark.parametrize("batch", [32, 4], ids=["waves", "splits"])
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128, 256], ids=lambda p: f"page{p}")
 def test_decode_paged_tiles(page_size, batch, monkeypatch):
-    """Each page size's tiles (configs.decode_paged_config: pages under 64 keys as boxes of four KV heads or by
+    """Each page size's tiles (dispatch.decode_paged_config: pages under 64 keys as boxes of four KV heads or by
     pointers, longer ones as one head's boxes of 64 or 128 keys, each inside a page), at ragged lengths with inf in
     every slot past a sequence's end; two new tokens, causal, a window of 3000 keys."""
     configs_seen = _decode_launches(monkeypatch)["portable"]
@@ -93,7 +94,7 @@ def test_decode_long_cache_many_splits():
 def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
     """B=32, L=32k: one new token over SDPA's head-major cache takes the warp-specialized kernel (kernels/decode_hopper.py)
     on sm90; two new tokens, causal, the portable one, which reads that layout one head a program, as it reads
-    flash-attn's key-major cache four KV heads a program (configs.decode_heads_config), whatever the new tokens; all
+    flash-attn's key-major cache four KV heads a program (dispatch.decode_heads_config), whatever the new tokens; all
     right at ragged lengths (0, 1, around the split edge, full)."""
     seen = _decode_launches(monkeypatch)
     configs_seen, hopper_seen = seen["portable"], seen["hopper"]
@@ -118,7 +119,7 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
 @pytest.mark.parametrize("layout", ["key-major", "head-major"])
 @pytest.mark.parametrize("heads", [(32, 8), (16, 2)], ids=["gqa32-8", "gqa16-2"])
 def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
-    """One split whose (batch, KV head) programs fill their waves (configs.decode_hopper_config): B=32 with 8 KV heads
+    """One split whose (batch, KV head) programs fill their waves (dispatch.decode_hopper_config): B=32 with 8 KV heads
     over 16k keys, B=128 with 2 (eight query heads each) over 4k, each of the two ring depths. kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
     one), right in O and LSE at ragged lengths (0, 1,
     around the 64-key tiles, full) with NaN in every cache slot past a sequence, with or without a new token appended
@@ -144,7 +145,7 @@ def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
         kwargs.update(k=k_full[slots], v=v_full[slots])
     with poisoned_outputs():
         out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True, **kwargs)
-    hopper = configs.decode_hopper_config(128, batch * nheads_k, capacity, num_sms(q.device))
+    hopper = dispatch.decode_hopper_config(128, batch * nheads_k, capacity, num_sms(q.device))
     if _arch_sm90() and hopper and not ops._heads_adjacent(k_cache, v_cache):
         assert seen["hopper"] == [hopper] and not seen["portable"], seen
     else:  # flash-attn's key-major cache: the portable kernel
@@ -174,7 +175,7 @@ def test_decode_warp_specialized_under_cuda_graph(monkeypatch):
 
 def test_decode_in_three_waves(monkeypatch):
     """B=40: 320 (batch, KV head) programs, which at two an SM would end on a tail of 56 after one full wave, run one an
-    SM (configs.decode_waves; 3 stages on a 132-SM H200), right at ragged lengths."""
+    SM (dispatch.decode_waves; 3 stages on a 132-SM H200), right at ragged lengths."""
     from flashtile import configs
     from flashtile.kernels.tiles import num_sms
     configs_seen = _decode_launches(monkeypatch)["portable"]
@@ -186,7 +187,7 @@ def test_decode_in_three_waves(monkeypatch):
     out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
     if num_sms(q.device) == 132:
         assert configs_seen[-1] == configs.DECODE_SM90[128], configs_seen
-    assert configs_seen[-1].num_stages == (2 if configs.decode_waves(batch * 8, num_sms(q.device)) else 3)
+    assert configs_seen[-1].num_stages == (2 if dispatch.decode_waves(batch * 8, num_sms(q.device)) else 3)
     ref, _, base = expected(q, k_cache, v_cache, lengths)
     assert_attention_close(out, ref, base)
 

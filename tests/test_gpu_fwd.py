@@ -156,7 +156,8 @@ def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
     lengths, causal with Nq != Nk, GQA and MQA, fp16, packed sequences with empty ones; bitwise repeatable."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's tile config")
-    three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True)
+    three = configs.HopperFwdConfig(block_m=192, block_n=128, num_stages=3, consumer_regs=160, maxnreg=128,
+                                    persistent=True)
     assert three.block_m // 64 == 3
     check_hopper_config(three, 64, causal, monkeypatch)
 
@@ -206,7 +207,8 @@ def test_early_p(causal, forward_backend, monkeypatch):
     assert configs.FWD_HOPPER[(128, causal)].early_p
     check_hopper_config(dataclasses.replace(configs.FWD_HOPPER[(128, causal)], early_p=False), 128, causal, monkeypatch)
     for overlap_pv in (False, True):
-        three = configs.HopperFwdConfig(192, 128, 3, 160, 128, persistent=True, early_p=True, overlap_pv=overlap_pv)
+        three = configs.HopperFwdConfig(block_m=192, block_n=128, num_stages=3, consumer_regs=160, maxnreg=128,
+                                        persistent=True, early_p=True, overlap_pv=overlap_pv)
         check_hopper_config(three, 64, causal, monkeypatch)
 
 

@@ -101,7 +101,7 @@ def test_schedule():
     tiles (light ones last with ``balanced``); non-causal persistent, single Q tiles (but with one Q tile, pairs);
     the grid covers them, at most one program per SM when persistent."""
     batch, nheads = 2, 8
-    cfg = configs.HopperFwdConfig(128, 128, 2, persistent=True)
+    cfg = configs.HopperFwdConfig(block_m=128, block_n=128, num_stages=2, persistent=True)
     for seqlen, causal, persistent, balanced, schedule in [(1000, True, True, True, 1), (1000, False, True, True, 2),
                                                           (1000, False, False, True, 1), (1000, False, True, False, 0),
                                                           (100, False, True, True, 1), (1, False, True, True, 1)]:

@@ -80,8 +80,8 @@ def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, splits=(0, 1, 2, 4, 8, 16)
     """Decode tile configs (block_n, warps, stages, key_groups) and split counts (0: automatic) on a few shapes,
     contiguous cache, timed like the bench (eager do_bench, turns with cuDNN in the same loop): KV TB/s (µs) per cell."""
     from .. import ops
-    from ..configs import DecodeConfig
-    candidates = [(DecodeConfig(*c), s) for c in configs for s in splits]
+    from ..configs import DecodeConfig, from_fields
+    candidates = [(from_fields(DecodeConfig, c), s) for c in configs for s in splits]
     print("| block_n, warps, stages, key_groups, splits | " + " | ".join(f"B={b} L={n}" for b, n in shapes) + " |")
     print("|---" * (len(shapes) + 1) + "|")
     results = {c: [] for c in [None, *candidates]}

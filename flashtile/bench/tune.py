@@ -7,18 +7,18 @@ import itertools
 import torch
 
 from .. import checks, ops
-from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig
+from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig, from_fields
 from . import require_gpu
 from .__main__ import HIDDEN, TOKENS, best_of_turns, bench_ms, error_text, fwd_flops, progress, time_peer
 from .peers import FORWARD
 
-FWD_CANDIDATES = [TileConfig(*c) for c in [
+FWD_CANDIDATES = [from_fields(TileConfig, c) for c in [
     (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
     (128, 128, 4, 2), (128, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3)]]
 
 # (K/V-tile programs: Q tile iterated, K/V tile owned; Q-tile programs: Q tile owned, K/V tile iterated;
 # warps, stages; how dQ is summed: "none" = Q-tile programs in the same launch, no atomics).
-BWD_CANDIDATES = [BwdConfig(*c) for c in [
+BWD_CANDIDATES = [from_fields(BwdConfig, c) for c in [
     (64, 64, 64, 64, 4, 3, "tma"), (64, 64, 64, 64, 4, 3, "none"), (64, 64, 64, 64, 4, 2, "none"),
     (64, 64, 64, 64, 4, 4, "none"), (32, 64, 64, 32, 4, 3, "none"), (32, 64, 64, 64, 4, 3, "none"),
     (64, 128, 128, 64, 8, 3, "none"), (64, 64, 128, 64, 8, 3, "none"), (128, 128, 128, 128, 8, 2, "none"),
@@ -29,7 +29,7 @@ BWD_CANDIDATES = [BwdConfig(*c) for c in [
 
 
 # The Hopper forward's ablation: each row changes one thing from the one before (docs/perf.md).
-HOPPER_CANDIDATES = [HopperFwdConfig(*c) for c in [
+HOPPER_CANDIDATES = [from_fields(HopperFwdConfig, c) for c in [
     (128, 128, 2, 168, 168, True),  # no register reallocation: consumers keep the entry cap (ptxas spills)
     (128, 64, 2, 240, 168, False),  # 64-key tiles, warpgroups issue their products whenever ready
     (128, 128, 2, 240, 168, False),  # 128-key tiles

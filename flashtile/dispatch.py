@@ -1,0 +1,118 @@
+"""Which kernel and which config serve a call: the rules over the tables of flashtile/configs.py, in one place.
+ops.py asks here. Each rule reads the tables when it is called, so tests and sweeps may swap a table in
+configs."""
+from dataclasses import replace
+
+from . import configs
+
+
+def _portable(prefix, head_dim_pad, causal, itemsize, arch, interpreter):
+    """The portable kernel's config from configs' tables ``prefix``_INTERPRETER, _FP32 (by head dim), _SM90 (by head
+    dim and causal flag) and _GENERIC (by head dim): the first that applies, in that order."""
+    if interpreter:
+        return getattr(configs, prefix + "_INTERPRETER")
+    if itemsize == 4:
+        return getattr(configs, prefix + "_FP32")[head_dim_pad]
+    if arch == (9, 0):
+        return getattr(configs, prefix + "_SM90")[(head_dim_pad, causal)]
+    return getattr(configs, prefix + "_GENERIC")[head_dim_pad]
+
+
+def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
+    """The portable forward's tiles for a padded head dim, causal flag, element size and (major, minor) arch."""
+    return _portable("FWD", head_dim_pad, causal, itemsize, arch, interpreter)
+
+
+def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
+    """The portable backward's tiles, chosen as fwd_config's."""
+    return _portable("BWD", head_dim_pad, causal, itemsize, arch, interpreter)
+
+
+def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
+    """The decode tiles; ``waves``: (batch, KV head) programs alone fill the SMs (one split); ``chunk``: keys per
+    program."""
+    if interpreter:
+        return configs.DECODE_INTERPRETER
+    config = configs.DECODE_SM90[head_dim_pad]
+    if waves:
+        config = configs.DECODE_SM90_WAVES.get(head_dim_pad, config)
+    return _grouped(head_dim_pad, config) if chunk >= configs.DECODE_GROUPED_FROM else config
+
+
+def _grouped(head_dim_pad, config):
+    return replace(config, key_groups=configs.DECODE_KEY_GROUPS, max_rows=configs.DECODE_GROUPED_MAX_ROWS[head_dim_pad])
+
+
+def decode_splits(programs, capacity, num_sms):
+    """Split count: one wave of (split, batch, KV head) programs on the SMs (one program fills an SM), within
+    [1, DECODE_MAX_SPLITS] and no split under DECODE_MIN_CHUNK keys."""
+    return max(1, min(num_sms // programs, configs.DECODE_MAX_SPLITS, -(-capacity // configs.DECODE_MIN_CHUNK)))
+
+
+def decode_waves(pairs, num_sms):
+    """Whether ``pairs`` (batch, KV head) programs of one split take DECODE_SM90_WAVES: they fill the SMs, and two
+    programs an SM do not end on a tail wave of under one program an SM after full waves."""
+    tail = pairs % (2 * num_sms)
+    return pairs >= num_sms and not (pairs > 2 * num_sms and 0 < tail < num_sms)
+
+
+def decode_hopper_config(head_dim, pairs, capacity, num_sms):
+    """The Gluon decode config for ``pairs`` (batch, KV head) programs of one split over caches of ``capacity`` keys
+    (DECODE_HOPPER_LONG from DECODE_HOPPER_LONG_FROM keys), or None: at least DECODE_HOPPER_MIN_KEYS keys, and waves of
+    the config's programs an SM DECODE_HOPPER_FILL full on average."""
+    table = configs.DECODE_HOPPER_LONG if capacity >= configs.DECODE_HOPPER_LONG_FROM else configs.DECODE_HOPPER
+    config = table.get(head_dim) if configs.DECODE_BACKEND == "auto" else None
+    if config is None or capacity < configs.DECODE_HOPPER_MIN_KEYS:
+        return None
+    slots = config.per_sm(head_dim) * num_sms
+    return config if pairs >= configs.DECODE_HOPPER_FILL * -(-pairs // slots) * slots else None
+
+
+def decode_heads_config(head_dim_pad, nheads_k, rows, pairs, capacity, num_sms):
+    """The several-heads config where its shape applies (the caller checks the cache: contiguous with a key's heads
+    side by side, TMA-addressable, not paged), else None: one tile of query rows a head (``rows``: group x new tokens,
+    at most 16), ``pairs``: (batch, KV head) programs of one head, ``capacity`` keys of cache."""
+    config = configs.DECODE_HEADS_SM90.get(head_dim_pad)
+    if config is None or nheads_k % config.heads or rows > 16:
+        return None
+    chunk, fill = heads_programs(pairs, capacity, num_sms, config.heads)
+    return config if fill and chunk >= configs.DECODE_HEADS_FROM else None
+
+
+def heads_programs(pairs, capacity, num_sms, heads):
+    """With ``heads`` KV heads a program: (keys a program, whether the programs, one an SM, fill nine tenths of the SMs
+    in every wave): a last wave under that runs on few SMs (docs/configs.md#decode_heads_sm90)."""
+    programs = pairs // heads
+    splits = decode_splits(programs, capacity, num_sms)
+    tail = programs * splits % num_sms
+    return capacity // splits, programs * splits >= 0.9 * num_sms and (tail == 0 or tail >= 0.9 * num_sms)
+
+
+def decode_paged_config(head_dim_pad, page_size, nheads_k, rows, tma, adjacent, pairs, capacity, num_sms):
+    """The paged cache's tiles (None: as the contiguous cache's). ``tma``: the pools are TMA-addressable;
+    ``adjacent``: a key's KV heads sit side by side; ``rows``: query rows a head;
+    ``pairs``: (batch, KV head) programs of one head. Four KV heads a box where they fit, their programs fill the
+    SMs and each gets DECODE_PAGED_HEADS_FROM keys (pages under 64 keys) or DECODE_HEADS_FROM; else one head in
+    boxes of 128 or 64 keys; else pointers."""
+    tile = next((n for n in (32, 16) if page_size % n == 0), 0)
+    heads = configs.DECODE_PAGED_HEADS_SM90.get((head_dim_pad, tile))
+    if heads and tma and adjacent and nheads_k % heads.heads == 0 and rows <= 16:
+        chunk, fill = heads_programs(pairs, capacity, num_sms, heads.heads)
+        if fill and chunk >= (configs.DECODE_PAGED_HEADS_FROM if page_size < 64 else configs.DECODE_HEADS_FROM):
+            return heads
+    waves = pairs >= num_sms
+    tile = next((n for n in (128, 64) if tma and page_size % n == 0), 0)
+    return (configs.DECODE_PAGED_SM90_WAVES if waves else configs.DECODE_PAGED_SM90).get((head_dim_pad, tile))
+
+
+def decode_configs_sm90():
+    """Every (padded head dim, config) decode_config or decode_heads_config can pick on sm90."""
+    plain = [*configs.DECODE_SM90.items(), *configs.DECODE_SM90_WAVES.items()]
+    return plain + [(pad, _grouped(pad, c)) for pad, c in plain] + [*configs.DECODE_HEADS_SM90.items()]
+
+
+def decode_paged_configs_sm90():
+    """Every (padded head dim, keys a TMA box or 0 for pointers, config) decode_paged_config can pick on sm90."""
+    tables = (configs.DECODE_PAGED_SM90, configs.DECODE_PAGED_SM90_WAVES, configs.DECODE_PAGED_HEADS_SM90)
+    return [(pad, tile, c) for table in tables
+            for (pad, tile), c in table.items()]
