@@ -52,13 +52,10 @@ class HopperFwdConfig:
     overlap_pv: bool = False  # run the softmax of tile j under P·V of tile j - 1
     persistent: bool = False  # one program per SM looping over pairs of Q tiles (else one per pair)
     persistent_max_seqlen: int = 1 << 31  # ... when the longest query sequence is at most this long
-    exp2_fma: int = 0  # one in this many exponentials of P by polynomial on the FMA units (0: none)
     min_seqlen_q: int = 0  # below this many query rows (the longest sequence) ``below`` runs instead
     o_kstage: bool = False  # D=128: O to 16-byte runs through each consumer's rows of the item's last K tile
     early_p: bool = False  # P to 16 bits at the end of each step (registers: not fp32 P beside the next S)
     q_regs: bool = False  # Q·Kᵀ reads Q from registers (the wgmma's A operand), not shared memory
-    lane_sums: bool = False  # each thread keeps its share of the row sums; the quad adds them once per item
-    skip_idle: bool = True  # a consumer whose rows all lie past the sequence (a ragged last tile) only passes turns
     balanced: bool = True  # light items (last tiles that leave a consumer idle, one-tile middle pairs) last;
     # non-causal persistent grids take single Q tiles, not pairs
     claims: int = 0  # causal persistent grids, equal lengths: each program claims its next item from a counter as
@@ -222,34 +219,34 @@ DECODE_PAGED_HEADS_FROM = 4096
 FWD_HOPPER = {
     # 192-row tiles in three consumer warpgroups, P to 16 bits each step: from 1k rows ahead of the portable kernel
     (64, False): HopperFwdConfig(block_m=192, block_n=128, num_stages=3, consumer_regs=160, maxnreg=128,
-                                 persistent=True, early_p=True, lane_sums=True, frozen_max=True, min_seqlen_q=1024),
+                                 persistent=True, early_p=True, frozen_max=True, min_seqlen_q=1024),
     # three warpgroups claiming items from 2k rows; two warpgroups, no ping-pong, from 1k
     (64, True): HopperFwdConfig(block_m=192, block_n=128, num_stages=3, consumer_regs=160, maxnreg=128,
-                                overlap_pv=True, persistent=True, lane_sums=True, claims=2, frozen_max=True,
+                                overlap_pv=True, persistent=True, claims=2, frozen_max=True,
                                 min_seqlen_q=2048,
                                 below=HopperFwdConfig(block_m=128, block_n=128, num_stages=3, pingpong=False,
-                                                      persistent=True, lane_sums=True, claims=2, frozen_max=True,
+                                                      persistent=True, claims=2, frozen_max=True,
                                                       min_seqlen_q=1024)),
     # two stages leave room for O's TMA tile; Q in registers from 2k rows (at 1k it lost 3-4 %)
     (128, False): HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True, persistent=True,
-                                  o_kstage=True, early_p=True, q_regs=True, lane_sums=True, o_tma=True,
+                                  o_kstage=True, early_p=True, q_regs=True, o_tma=True,
                                   frozen_max=True, min_seqlen_q=2048,
                                   below=HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True,
                                                         persistent=True, o_kstage=True, early_p=True,
-                                                        lane_sums=True, o_tma=True, frozen_max=True)),
+                                                        o_tma=True, frozen_max=True)),
     # as non-causal, persistent only up to 4k rows; below 2k the light items keep their order
     (128, True): HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True, persistent=True,
-                                 persistent_max_seqlen=4096, o_kstage=True, early_p=True, q_regs=True, lane_sums=True,
+                                 persistent_max_seqlen=4096, o_kstage=True, early_p=True, q_regs=True,
                                  o_tma=True, frozen_max=True, min_seqlen_q=2048,
                                  below=HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True,
                                                        persistent=True, persistent_max_seqlen=4096, o_kstage=True,
-                                                       early_p=True, lane_sums=True, o_tma=True, balanced=False,
+                                                       early_p=True, o_tma=True, balanced=False,
                                                        frozen_max=True)),
     # two 64-key stages beside the 64 KB Q tile; no ping-pong
     (256, False): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,
-                                  persistent=True, early_p=True, lane_sums=True),
+                                  persistent=True, early_p=True),
     (256, True): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,
-                                 persistent=True, early_p=True, lane_sums=True),
+                                 persistent=True, early_p=True),
 }
 
 # The backward (docs/configs.md#bwd_hopper, #bwd_hopper-entries): a ring of 2 stages; the Gluon dQ kernel beat the

@@ -11,7 +11,7 @@ SMS, WG_M, BLOCK_N = 132, 64, 128
 
 
 def item(pid, grid, w, n_m, n_bh, seqlen_q, block_m, schedule):
-    """(head, Q tile) of program pid's w-th item, as _item computes it (skip_idle on)."""
+    """(head, Q tile) of program pid's w-th item, as _item computes it."""
     rem = seqlen_q % block_m
     ragged = int(0 < rem <= block_m - WG_M)
     if schedule == 2:

@@ -1,11 +1,10 @@
 """Instruction mix of the sm90 Hopper forward for one config, compiled here (no GPU: ptxas and cuobjdump ship
 with triton): how many SFU exponentials, FP32 and integer instructions the two consumers' code holds.
 
-    TRITON_INTERPRET=0 python scripts/sass_mix.py --head-dim 128 --exp2-fma 0 4 2
+    TRITON_INTERPRET=0 python scripts/sass_mix.py --head-dim 128 [--causal]
 """
 import argparse
 import collections
-import dataclasses
 import os
 import re
 import subprocess
@@ -58,16 +57,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--exp2-fma", type=int, nargs="+", default=[0])
     args = parser.parse_args()
-    base = configs.FWD_HOPPER[(args.head_dim, args.causal)]
-    print("| exp2_fma | " + " | ".join(OPS) + " |")
-    print("|---" * (len(OPS) + 1) + "|")
-    for every in args.exp2_fma:
-        sass = sass_of(args.head_dim, args.causal, dataclasses.replace(base, exp2_fma=every))
-        ops = collections.Counter(m.group(1).split(".")[0] for m in
-                                  re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
-        print(f"| {every} | " + " | ".join(str(ops[op]) for op in OPS) + " |")
+    sass = sass_of(args.head_dim, args.causal, configs.FWD_HOPPER[(args.head_dim, args.causal)])
+    ops = collections.Counter(m.group(1).split(".")[0] for m in
+                              re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
+    print("| " + " | ".join(OPS) + " |")
+    print("|---" * len(OPS) + "|")
+    print("| " + " | ".join(str(ops[op]) for op in OPS) + " |")
 
 
 if __name__ == "__main__":

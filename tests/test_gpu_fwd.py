@@ -135,21 +135,6 @@ def test_large_logits_bf16():
     assert_attention_close(out, ref, torch_attention(q, k, v, True))
 
 
-@pytest.mark.parametrize("every", [2, 4], ids=lambda e: f"fma1of{e}")
-@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_exp2_on_fma_units(every, head_dim, causal, forward_backend, monkeypatch):
-    """Part of P's exponentials by polynomial (configs.HopperFwdConfig.exp2_fma): the same error bound, and
-    rows that see no key (causal with Nq > Nk, empty sequences) still give O = 0 and LSE = -inf."""
-    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
-        pytest.skip("the Hopper kernel's option")
-    base = configs.FWD_HOPPER.get((128, causal))
-    monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): dataclasses.replace(base, exp2_fma=every)})
-    check(2, 1500, 700, 8, 2, head_dim, torch.bfloat16, causal)
-    check(1, 4096, 4096, 4, 4, head_dim, torch.float16, causal)
-    assert check_varlen([300, 0, 2048, 77], [129, 40, 2048, 0], head_dim, causal) is not None
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
     """192-row Q tiles shared by three consumer warpgroups (D=64's config), forced onto every shape: ragged
@@ -171,8 +156,7 @@ def test_d64_causal_config(forward_backend, monkeypatch):
 
 
 D256_OPTIONS = {"shipped": {}, "turns": dict(pingpong=True),
-                "plain": dict(pingpong=True, overlap_pv=False, persistent=False, early_p=False, lane_sums=False,
-                              balanced=False)}
+                "plain": dict(pingpong=True, overlap_pv=False, persistent=False, early_p=False, balanced=False)}
 
 
 @pytest.mark.parametrize("options", list(D256_OPTIONS))
@@ -242,27 +226,13 @@ def test_q_in_registers(causal, forward_backend, monkeypatch):
             check_hopper_config(cfg, 128, causal, monkeypatch)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_lane_sums(head_dim, causal, forward_backend, monkeypatch):
-    """configs.HopperFwdConfig.lane_sums (each thread keeps its share of the row sums, added across the quad once
-    per item) on and off in every config of the head dim, forced onto every shape; empty rows still give O = 0."""
-    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
-        pytest.skip("the Hopper kernel's option")
-    for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
-        assert cfg.lane_sums
-        for lane_sums in (True, False):
-            check_hopper_config(dataclasses.replace(cfg, lane_sums=lane_sums), head_dim, causal, monkeypatch)
-
-
-@pytest.mark.parametrize("option", ["skip_idle", "balanced"])
+@pytest.mark.parametrize("option", ["balanced"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_schedule_options_off(option, head_dim, causal, forward_backend, monkeypatch):
-    """configs.HopperFwdConfig.skip_idle (a consumer whose rows all lie past the sequence only passes the turns and
-    frees the stages) and .balanced (light items last; non-causal persistent grids take single Q tiles) are on in
-    the shipped configs (balanced is off in D=128 causal below 2k rows; test_d256_options runs D=256 without it),
-    which the rest of the suite runs; here each is turned off in the head dim's top config. check_hopper_config's
+    """configs.HopperFwdConfig.balanced (light items last; non-causal persistent grids take single Q tiles) is on in
+    the shipped configs (off in D=128 causal below 2k rows; test_d256_options runs D=256 without it), which the rest
+    of the suite runs; here it is turned off in the head dim's top config. check_hopper_config's
     lengths 17, 203, 1023, 4096, the packed 300 and the 40 packed short ones leave one or two warpgroups of a last
     tile idle, and its outputs start as NaN, so a tile that no program takes shows."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":

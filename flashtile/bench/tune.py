@@ -44,10 +44,6 @@ HOPPER_CANDIDATES = [from_fields(HopperFwdConfig, c) for c in [
     (128, 64, 2, 240, 168, True, False, False),  # D=256's tiles
     (128, 64, 2, 240, 168, True, False, True),
     (128, 128, 4, 240, 168, True, False, True),  # the softmax under the previous tile's P·V
-    (128, 128, 3, 240, 168, True, True, True, 1 << 31, 4),  # 1 in 4 exponentials on the FMA units
-    (128, 128, 3, 240, 168, True, True, True, 1 << 31, 2),
-    (128, 128, 3, 240, 168, True, False, True, 1 << 31, 4),
-    (128, 128, 3, 240, 168, True, False, True, 1 << 31, 2),
     # 192 Q rows, a third consumer warpgroup (D=64: 16 warps leave 160 registers to each consumer)
     (192, 128, 2, 160, 128, True, False, True),
     (192, 128, 3, 160, 128, True, False, True),
@@ -59,8 +55,7 @@ def _label(cfg):
     if isinstance(cfg, HopperFwdConfig):
         return (f"{cfg.block_m},{cfg.block_n} x{cfg.num_stages} regs {cfg.consumer_regs}"
                 f"{' ping-pong' if cfg.pingpong else ''}{' overlap-pv' if cfg.overlap_pv else ''}"
-                f"{' persistent' if cfg.persistent else ''}"
-                f"{f' exp2 1/{cfg.exp2_fma} fma' if cfg.exp2_fma else ''}")
+                f"{' persistent' if cfg.persistent else ''}")
     if isinstance(cfg, BwdConfig):
         return (f"{cfg.block_m1},{cfg.block_n1} / {cfg.block_m2},{cfg.block_n2}, {cfg.num_warps},{cfg.num_stages} "
                 f"{cfg.dq_atomic}")

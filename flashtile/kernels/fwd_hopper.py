@@ -19,7 +19,7 @@ with two K/V stages D=128 has room for an O tile per consumer instead, which a T
 runs (STAGE_O, where O's rows map as Q's). D=128 turns P to 16 bits at the end of each step (EARLY_P; D=256 too), so
 that its fp32 copy is not alive beside the next scores, and from 2k rows keeps Q in registers as Q·Kᵀ's A operand
 (Q_REGS): shared memory then feeds only K and V to the tensor cores, and the loader may refill a consumer's Q tile at
-the start of the item. Each thread keeps its own share of the row sums of P (LANE_SUMS), which the four lanes holding
+the start of the item. Each thread keeps its own share of the row sums of P (_lane_sums), which the four lanes holding
 a row add once per item, not every step.
 
 FROZEN_MAX (bf16): every K/V tile after an item's first is exponentiated against a reference kept per row, not
@@ -93,7 +93,7 @@ def _n_items(n_m, n_bh, SCHEDULE: gl.constexpr):
 
 
 @gluon.jit
-def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
+def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr):
     """(head of the batch, Q tile) of this program's w-th work item. Pair j of a head holds its Q tiles
     n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the pairs (or
     tiles) of a head are neighbours, so programs running at once share its K and V in L2. With SCHEDULE ≥ 1
@@ -102,8 +102,6 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr,
     sequences are ordered by the longest one's tiles."""
     rem = seqlen_q % BLOCK_M  # 0 < rem <= BLOCK_M - WG_M: the last Q tile leaves a warpgroup idle (Nq = 1: ints)
     ragged = (rem + BLOCK_M - 1) // BLOCK_M - (rem + WG_M - 1) // BLOCK_M
-    if not SKIP_IDLE:
-        ragged = 0
     if SCHEDULE == 2:
         item = gl.program_id(0) + w * gl.num_programs(0)
         n_whole = n_m - ragged
@@ -134,9 +132,9 @@ def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr,
 @gluon.jit
 def _tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
           seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
     """This program's w-th work item (see _item): _tile_at of its head and Q tile."""
-    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE, SKIP_IDLE)
+    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE)
     return _tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
                     seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
 
@@ -238,7 +236,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
                     code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                     k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                    IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr, SKIP_IDLE: gl.constexpr):
+                    IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
     """One warp: each of this program's work items in turn (_load_item). SCHEDULE 3 claims the next item from
     ``counter`` during each item's first side, and ends by handing each consumer the code -1."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
@@ -271,7 +269,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_fre
         for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
+                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
             if start_m < sq:
                 g, _ = _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
                                   k_free, v_free, code_smem, 0, counter, False, 0, 0, g, done, start_m, h, q_row,
@@ -294,39 +292,27 @@ def _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL:
 
 
 @gluon.jit
-def _lane_sums(l_i, alpha, p, BLOCK_N: gl.constexpr, LANE_SUMS: gl.constexpr):
-    """The running row sums rescaled by alpha plus P's. With LANE_SUMS each thread keeps its own share, [WG_M, 4]
-    (the four lanes of a quad hold a row's columns 2q, 2q+1 of every 8): summed across the quad once per item."""
-    if LANE_SUMS:
-        out = gl.sum(gl.sum(gl.reshape(p, [WG_M, BLOCK_N // 8, 4, 2]), axis=3), axis=1)  # [WG_M, 4]
-    else:
-        out = gl.sum(p, 1)
+def _lane_sums(l_i, alpha, p, BLOCK_N: gl.constexpr):
+    """The running row sums rescaled by alpha plus P's, each thread keeping its own share, [WG_M, 4] (the four lanes
+    of a quad hold a row's columns 2q, 2q+1 of every 8): summed across the quad once per item."""
+    out = gl.sum(gl.sum(gl.reshape(p, [WG_M, BLOCK_N // 8, 4, 2]), axis=3), axis=1)  # [WG_M, 4]
     if l_i is not None and alpha is None:
         out = l_i + out
     elif l_i is not None:
-        if LANE_SUMS:
-            out = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, out.type.layout), assert_trivial=True)[:, None] + out
-        else:
-            out = l_i * alpha + out
+        out = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, out.type.layout), assert_trivial=True)[:, None] + out
     return out
 
 
 @gluon.jit
-def _rebase(m_ref, l_i, LANE_SUMS: gl.constexpr):
+def _rebase(m_ref, l_i):
     """FROZEN_MAX: rows whose running sum reached REBASE_AT take a reference ⌊log2 l⌋ higher (l from a quad's
-    largest share with LANE_SUMS), so that later tiles' P stays far from float32's range whatever the scores do.
+    largest share), so that later tiles' P stays far from float32's range whatever the scores do.
     Returns the new reference, l and the factor alpha (a power of two, 1 where nothing moved) that O takes."""
-    if LANE_SUMS:
-        l_row = gl.convert_layout(gl.max(l_i, axis=1), m_ref.type.layout, assert_trivial=True)
-    else:
-        l_row = l_i
+    l_row = gl.convert_layout(gl.max(l_i, axis=1), m_ref.type.layout, assert_trivial=True)
     e = gl.where(l_row >= REBASE_AT, gl.minimum((l_row.to(gl.int32, bitcast=True) >> 23) - 127, 126), 0)  # [WG_M]
     alpha = ((127 - e) << 23).to(gl.float32, bitcast=True)  # 2^-e
     shift = e.to(gl.float32)
-    if LANE_SUMS:
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)[:, None]
-    else:
-        l_i = l_i * alpha
+    l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)[:, None]
     return m_ref + shift, l_i, alpha
 
 
@@ -373,8 +359,8 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                   q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
-                  EXP2_FMA: gl.constexpr, STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr,
-                  Q_REGS: gl.constexpr, LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, FROZEN_MAX: gl.constexpr):
+                  STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr,
+                  Q_REGS: gl.constexpr, FROZEN_MAX: gl.constexpr):
     """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items.
     Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
@@ -386,7 +372,7 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
     q_wg = q_smem.index(wg)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
     bad = gl.to_tensor(0)  # FROZEN_MAX: 1 where these rows are left to _redo
-    if SKIP_IDLE and start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
+    if start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
         mbarrier.wait(q_bar.index(wg), done & 1)
         mbarrier.arrive(q_free.index(wg))
         if STAGE_K:
@@ -427,9 +413,8 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
         if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
             mbarrier.arrive(k_free.index(g % STAGES))
         p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                 CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                               EXP2_FMA)
-        l_i = _lane_sums(None, alpha, p, BLOCK_N, LANE_SUMS)  # the step's own l (unused) is left to dead code
+                                                                 CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
+        l_i = _lane_sums(None, alpha, p, BLOCK_N)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
         p = _operand(p, p_layout, dtype, EARLY_P)
@@ -458,15 +443,14 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
                 mbarrier.arrive(k_free.index(stage))
             if FROZEN_MAX:
                 if j % REBASE_EVERY == 0:
-                    m_ref, l_i, alpha = _rebase(m_ref, l_i, LANE_SUMS)
+                    m_ref, l_i, alpha = _rebase(m_ref, l_i)
                 p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, BLOCK_N, CAUSAL, s_layout) * qk_scale
                             - m_ref[:, None])  # [WG_M, BLOCK_N]
-                l_i = _lane_sums(l_i, None, p, BLOCK_N, LANE_SUMS)
+                l_i = _lane_sums(l_i, None, p, BLOCK_N)
             else:
                 p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                         CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY,
-                                                       EXP2_FMA)
-                l_i = _lane_sums(l_i, alpha, p, BLOCK_N, LANE_SUMS)
+                                                                         CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
+                l_i = _lane_sums(l_i, alpha, p, BLOCK_N)
             if OVERLAP_PV:
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                 mbarrier.arrive(v_free.index(prev))
@@ -483,15 +467,14 @@ def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_fre
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_free.index(last))
         if FROZEN_MAX:  # the last tiles' sums, moved back under REBASE_AT with the rest
-            m_ref, l_i, alpha = _rebase(m_ref, l_i, LANE_SUMS)
+            m_ref, l_i, alpha = _rebase(m_ref, l_i)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
                     PINGPONG)
 
         o_offset, lse_offset = _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
                                             IS_VARLEN)
-        if LANE_SUMS:
-            l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
+        l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         held = True
         lse_kept = offs_m < sq
@@ -603,9 +586,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
               k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
               group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-              MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
+              MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
               STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr, FROZEN_MAX: gl.constexpr):
+              SCHEDULE: gl.constexpr, FROZEN_MAX: gl.constexpr):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -625,7 +608,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
                                 k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
                                 turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                                OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS, LANE_SUMS, SKIP_IDLE,
+                                OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
                                 FROZEN_MAX)
             if FROZEN_MAX:
                 if bad > 0:
@@ -638,14 +621,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k
         for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)
+                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
             if start_m < sq:
                 bad = _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free,
                                     v_free, k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles,
                                     n_full, g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb,
                                     stride_lh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN,
-                                    MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                                    LANE_SUMS, SKIP_IDLE, FROZEN_MAX)
+                                    MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                                    FROZEN_MAX)
                 if FROZEN_MAX:
                     if bad > 0:
                         _push_redo(counter, ((b * nheads + h) * n_m + start_m // BLOCK_M) * NUM_WG + wg)
@@ -663,9 +646,9 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                             stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr, EXP2_FMA: gl.constexpr,
+                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
                             STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-                            LANE_SUMS: gl.constexpr, SKIP_IDLE: gl.constexpr, SCHEDULE: gl.constexpr,
+                            SCHEDULE: gl.constexpr,
                             FROZEN_MAX: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see _item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
@@ -713,24 +696,24 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                       k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                       k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
                       nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      SCHEDULE, FROZEN_MAX)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
                       k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                       k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
                       nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      SCHEDULE, FROZEN_MAX)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
                       k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                       k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
                       nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      SCHEDULE, FROZEN_MAX)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
                             v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
                             q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
+                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
@@ -738,18 +721,18 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                       k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                       k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
                       nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      SCHEDULE, FROZEN_MAX)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
                       k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
                       k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
                       nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, EXP2_FMA, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      LANE_SUMS, SKIP_IDLE, SCHEDULE, FROZEN_MAX)),
+                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
+                      SCHEDULE, FROZEN_MAX)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
                             v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
                             q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE, SKIP_IDLE)),
+                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
         ], [4, 1], [REGS, 24])
     if FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
         _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
@@ -935,10 +918,10 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
             nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                  OVERLAP_PV=config.overlap_pv, EXP2_FMA=config.exp2_fma,
+                  OVERLAP_PV=config.overlap_pv,
                   STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
                   STAGE_O=stage_o,
-                  EARLY_P=config.early_p, Q_REGS=config.q_regs, LANE_SUMS=config.lane_sums,
-                  SKIP_IDLE=config.skip_idle, SCHEDULE=schedule, FROZEN_MAX=frozen,
+                  EARLY_P=config.early_p, Q_REGS=config.q_regs,
+                  SCHEDULE=schedule, FROZEN_MAX=frozen,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs

@@ -1,7 +1,5 @@
 """The online-softmax step shared by every kernel: one tile of scores folded into a running
 max ``m_i`` and denominator ``l_i``, in the exp2 domain (log2(e) is folded into ``qk_scale``)."""
-import struct
-
 import triton
 import triton.language as tl
 
@@ -9,52 +7,15 @@ LOG2E = tl.constexpr(1.4426950408889634)  # natural-log units to log2 units; eve
 LN2 = tl.constexpr(0.6931471805599453)  # and back
 TWO_LOG2E = tl.constexpr(2 * LOG2E.value)
 
-# 2^f on [0, 1) as 1 + f·(C1 + f·(C2 + f·C3)): relative error under 8.6e-5 (bf16 and fp16 round P coarser),
-# and exactly 1 at f = 0, so exp2(-inf) comes out exactly 0 (see exp2_fma_ptx).
-EXP2_POLY = (0.6951163411140442, 0.22764699161052704, 0.07706521451473236)
-
-
-_C1, _C2, _C3 = ("0f%08X" % struct.unpack("<I", struct.pack("<f", c))[0] for c in EXP2_POLY)  # PTX literals
-
-
-@triton.constexpr_function
-def exp2_fma_ptx(every):
-    """PTX for ``every`` exponentials at once: every − 1 on the special-function unit (ex2.approx), the last
-    on the FMA units (FA4's trick: per clock and SM the SFU does 16 exponentials, the FMA units 128 FMAs).
-    x clamps at −127; n = ⌊x⌋ by adding 1.5·2²³ rounding down; 2^(x − n) by the polynomial; adding n·2²³
-    to the bits scales by 2^n (the magic number's own bits vanish in the shift). Measured slower on the H200
-    (docs/perf.md, forward v7): kept as a tile-config switch, off in every shipped config."""
-    x, y = f"${2 * every - 1}", f"${every - 1}"
-    return "\n".join(["{", ".reg .b32 x, t, f, p;"]
-                     + [f"ex2.approx.ftz.f32 ${i}, ${every + i};" for i in range(every - 1)]
-                     + [f"max.ftz.f32 x, {x}, 0fC2FE0000;", "add.rm.ftz.f32 t, x, 0f4B400000;",
-                        "sub.rn.ftz.f32 f, t, 0f4B400000;", "sub.rn.ftz.f32 f, x, f;",
-                        f"fma.rn.ftz.f32 p, f, {_C3}, {_C2};", f"fma.rn.ftz.f32 p, p, f, {_C1};",
-                        "fma.rn.ftz.f32 p, p, f, 0f3F800000;", "shl.b32 t, t, 23;", f"add.s32 {y}, p, t;", "}"])
-
-
-@triton.constexpr_function
-def _registers(every):
-    return ",".join(["=r"] * every + ["r"] * every)
-
 
 @triton.jit
-def exp2_fma(x, EVERY: tl.constexpr):
-    """exp2 of a float32 tensor with one in EVERY elements computed on the FMA units (CUDA only)."""
-    return tl.inline_asm_elementwise(exp2_fma_ptx(EVERY), _registers(EVERY), [x],
-                                     dtype=tl.float32, is_pure=True, pack=EVERY)
-
-
-@triton.jit
-def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2_FMA: tl.constexpr = 0,
-                        AXIS: tl.constexpr = 1):
+def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, AXIS: tl.constexpr = 1):
     """Fold the raw scores ``qk`` [BLOCK_M, BLOCK_N] into the running statistics (their keys along AXIS: 2 for
     [groups, BLOCK_M, BLOCK_N] scores, each group of keys with its own statistics).
 
     Returns ``p`` = exp2(qk·qk_scale − m_new) [BLOCK_M, BLOCK_N], ``alpha`` = exp2(m_i − m_new) (the
     factor that rescales what was accumulated so far), ``m_new`` and ``l_new``. Masked scores are −inf;
     with ``MAY_BE_EMPTY`` a row whose scores are all −inf so far keeps p = 0 and l = 0 instead of NaN.
-    ``EXP2_FMA`` > 0 computes one in that many exponentials of p by polynomial (exp2_fma).
     """
     m_new = tl.maximum(m_i, tl.max(qk, AXIS) * qk_scale)  # [BLOCK_M]
     if MAY_BE_EMPTY:
@@ -62,10 +23,7 @@ def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, EXP2
     else:
         m_ref = m_new
     m_col = tl.expand_dims(m_ref, AXIS)
-    if EXP2_FMA > 0:
-        p = exp2_fma(qk * qk_scale - m_col, EXP2_FMA)  # [BLOCK_M, BLOCK_N]
-    else:
-        p = tl.math.exp2(qk * qk_scale - m_col)  # [BLOCK_M, BLOCK_N]
+    p = tl.math.exp2(qk * qk_scale - m_col)  # [BLOCK_M, BLOCK_N]
     alpha = tl.math.exp2(m_i - m_ref)  # [BLOCK_M]
     l_new = l_i * alpha + tl.sum(p, AXIS)
     return p, alpha, m_new, l_new

@@ -1,0 +1,92 @@
+"""The sm90 forward's PTX for every shipped launch variant, without debug info, to check that a refactor leaves the
+code the GPU runs unchanged (no GPU needed: triton compiles for sm90 here):
+
+    TRITON_INTERPRET=0 python scripts/fwd_ptx_snapshot.py before.json      # on the old tree
+    TRITON_INTERPRET=0 python scripts/fwd_ptx_snapshot.py after.json --compare before.json
+
+Variants: each config of configs.FWD_HOPPER (its ``below`` chain too) at a length inside its range (and past
+persistent_max_seqlen where that is set), bf16 and fp16, batch and packed (varlen).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+from triton.compiler import make_backend
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import create_function_from_signature
+
+sys.path.insert(0, os.path.dirname(__file__))
+import compile_sm90  # noqa: E402
+from flashtile import configs  # noqa: E402
+from flashtile.kernels import fwd_hopper  # noqa: E402
+
+
+def code_of(ptx):
+    """The PTX's instructions and declarations: no line info and no DWARF sections, which move with the source."""
+    kept = []
+    for line in ptx.split("\n"):
+        text = line.strip()
+        if text.startswith((".loc", ".file", "//", ".b8", ".b32", ".b64", "$L__info", "$L__abbrev", "$L__pub",
+                            "$L__line")) or "DW_" in line or "debug" in line:
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def compiled_ptx(args, kwargs):
+    kernel = fwd_hopper.flash_fwd_hopper_kernel
+    backend = make_backend(compile_sm90.TARGET)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=compile_sm90.TARGET,
+                              options=options.__dict__)
+    return code_of(compiled.asm["ptx"])
+
+
+def snapshot():
+    out = {}
+    for (head_dim, causal), top in configs.FWD_HOPPER.items():
+        for i, cfg in enumerate(configs.hopper_fwd_chain(top)):
+            lengths = {max(cfg.min_seqlen_q, 1024) + 512}
+            if cfg.persistent_max_seqlen < 8192:
+                lengths.add(8192)
+            for n in sorted(lengths):
+                for dtype in (torch.bfloat16, torch.float16):
+                    for varlen in (False, True):
+                        if varlen:
+                            q, k, v = (torch.empty(3 * n, 4, head_dim, dtype=dtype) for _ in range(3))
+                            cu = torch.tensor([0, n, 2 * n, 3 * n], dtype=torch.int32)
+                            lse, packed = torch.empty(4, 3 * n), (cu, cu, n)
+                        else:
+                            q, k, v = (torch.empty(2, n, 4, head_dim, dtype=dtype) for _ in range(3))
+                            lse, packed = torch.empty(2, 4, n), (None, None, None)
+                        _, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, *packed, 0.1,
+                                                                 causal, True, cfg)
+                        key = f"D={head_dim} causal={causal} config {i} N={n} {dtype} varlen={varlen}"
+                        out[key] = compiled_ptx(args, kwargs)
+                        print(key, len(out[key]), flush=True)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--compare", help="a snapshot to compare with: exit 1 where any variant differs")
+    args = parser.parse_args()
+    out = snapshot()
+    with open(args.out, "w") as f:
+        json.dump(out, f)
+    if args.compare:
+        with open(args.compare) as f:
+            before = json.load(f)
+        differ = sorted(k for k in out.keys() | before.keys() if out.get(k) != before.get(k))
+        print(f"{len(out) - len(differ)} of {len(out)} variants' PTX identical", *differ, sep="\n")
+        sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
