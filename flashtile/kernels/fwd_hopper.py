@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                  warpgroup_mma_wait)
 
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
 
 from .. import configs
 from .exact_rows import FROZEN_LIMIT, exact_rows
@@ -57,6 +58,66 @@ WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_
 REBASE_AT = gl.constexpr(2.0**16)  # FROZEN_MAX: a row sum at this moves the row's reference up (_rebase) ...
 REBASE_EVERY = gl.constexpr(8)  # ... at every REBASE_EVERY-th K/V tile of an item, and after its last
 REDO_QUEUE = gl.constexpr(3)  # counter: [0] claims (SCHEDULE 3), [1] codes queued for _redo, [2] consumers done, queue
+
+
+@aggregate
+class Switches:
+    """What a launch fixes at compile time: the tiles and switches of its configs.HopperFwdConfig (launch_args), the
+    mask and whether the sequences are packed."""
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr  # Q rows of a work item, WG_M to each consumer warpgroup
+    BLOCK_N: gl.constexpr  # keys of a K/V tile
+    STAGES: gl.constexpr  # K/V tiles in the ring
+    CAUSAL: gl.constexpr
+    BOTTOM_RIGHT: gl.constexpr
+    IS_VARLEN: gl.constexpr
+    MAY_BE_EMPTY: gl.constexpr  # rows whose first tile has no key to see
+    PINGPONG: gl.constexpr
+    OVERLAP_PV: gl.constexpr
+    STAGE_K: gl.constexpr
+    EARLY_P: gl.constexpr
+    STAGE_O: gl.constexpr
+    Q_REGS: gl.constexpr
+    SCHEDULE: gl.constexpr
+    FROZEN_MAX: gl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, PINGPONG, OVERLAP_PV,
+                 STAGE_K, EARLY_P, STAGE_O, Q_REGS, SCHEDULE, FROZEN_MAX):
+        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N, self.STAGES = (gl.constexpr(x) for x in (HEAD_DIM, BLOCK_M, BLOCK_N,
+                                                                                          STAGES))
+        self.CAUSAL, self.BOTTOM_RIGHT, self.IS_VARLEN = (gl.constexpr(x) for x in (CAUSAL, BOTTOM_RIGHT, IS_VARLEN))
+        self.MAY_BE_EMPTY = gl.constexpr(CAUSAL or IS_VARLEN)
+        self.PINGPONG, self.OVERLAP_PV, self.STAGE_K = (gl.constexpr(x) for x in (PINGPONG, OVERLAP_PV, STAGE_K))
+        self.EARLY_P, self.STAGE_O, self.Q_REGS = (gl.constexpr(x) for x in (EARLY_P, STAGE_O, Q_REGS))
+        self.SCHEDULE, self.FROZEN_MAX = gl.constexpr(SCHEDULE), gl.constexpr(FROZEN_MAX)
+
+
+@aggregate
+class Ring:
+    """The program's shared memory: each consumer's Q tile, the K/V stages and, with STAGE_O, each consumer's O tile;
+    their mbarriers (Q loaded, Q free; K, V ready; K, V free once every consumer read them), the turns of ping-pong,
+    k_done (STAGE_K: every consumer's last Q·Kᵀ of the item is done) and the claimed codes (SCHEDULE 3)."""
+    q: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM]
+    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
+    v: gl.shared_memory_descriptor
+    o: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM] (q without STAGE_O: unused)
+    q_bar: gl.shared_memory_descriptor
+    q_free: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    k_free: gl.shared_memory_descriptor
+    v_free: gl.shared_memory_descriptor
+    code: gl.shared_memory_descriptor  # (q_bar below SCHEDULE 3: unused)
+    k_done: gl.shared_memory_descriptor
+    turn: gl.shared_memory_descriptor
+
+    @triton.constexpr_function
+    def __init__(self, q, k, v, o, q_bar, q_free, k_ready, v_ready, k_free, v_free, code, k_done, turn):
+        self.q, self.k, self.v, self.o = q, k, v, o
+        self.q_bar, self.q_free, self.k_ready, self.v_ready, self.k_free, self.v_free = (q_bar, q_free, k_ready,
+                                                                                         v_ready, k_free, v_free)
+        self.code, self.k_done, self.turn = code, k_done, turn
 
 
 @triton.constexpr_function
@@ -232,13 +293,20 @@ def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-                    code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                    k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                    IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
+def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b,
+                    q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh):
     """One warp: each of this program's work items in turn (_load_item). SCHEDULE 3 claims the next item from
     ``counter`` during each item's first side, and ends by handing each consumer the code -1."""
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    STAGES: gl.constexpr = sw.STAGES
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    BOTTOM_RIGHT: gl.constexpr = sw.BOTTOM_RIGHT
+    IS_VARLEN: gl.constexpr = sw.IS_VARLEN
+    SCHEDULE: gl.constexpr = sw.SCHEDULE
+    q_smem, k_smem, v_smem, code_smem = ring.q, ring.k, ring.v, ring.code
+    q_bar, q_free, k_ready, v_ready, k_free, v_free = (ring.q_bar, ring.q_free, ring.k_ready, ring.v_ready,
+                                                       ring.k_free, ring.v_free)
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
     if SCHEDULE == 3:
@@ -354,15 +422,28 @@ def _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg: gl.constexpr, g, tur
 
 
 @gluon.jit
-def _consume_item(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-                  k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g, turns, done,
-                  q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
-                  STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr,
-                  Q_REGS: gl.constexpr, FROZEN_MAX: gl.constexpr):
+def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
+                  turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale):
     """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items.
     Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
+    HEAD_DIM: gl.constexpr = sw.HEAD_DIM
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    STAGES: gl.constexpr = sw.STAGES
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    IS_VARLEN: gl.constexpr = sw.IS_VARLEN
+    MAY_BE_EMPTY: gl.constexpr = sw.MAY_BE_EMPTY
+    PINGPONG: gl.constexpr = sw.PINGPONG
+    OVERLAP_PV: gl.constexpr = sw.OVERLAP_PV
+    STAGE_K: gl.constexpr = sw.STAGE_K
+    EARLY_P: gl.constexpr = sw.EARLY_P
+    STAGE_O: gl.constexpr = sw.STAGE_O
+    Q_REGS: gl.constexpr = sw.Q_REGS
+    FROZEN_MAX: gl.constexpr = sw.FROZEN_MAX
+    q_smem, k_smem, v_smem, o_smem = ring.q, ring.k, ring.v, ring.o
+    q_bar, q_free, k_ready, v_ready, k_free, v_free = (ring.q_bar, ring.q_free, ring.k_ready, ring.v_ready,
+                                                       ring.k_free, ring.v_free)
+    k_done, turn = ring.k_done, ring.turn
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -581,61 +662,57 @@ def _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, 
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-              code_smem, k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-              k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k, nheads,
-              group, n_m, n_bh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-              MAY_BE_EMPTY: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
-              STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-              SCHEDULE: gl.constexpr, FROZEN_MAX: gl.constexpr):
+def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+              q_col_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+              nheads, group, n_m, n_bh, qk_scale):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
     runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done. With FROZEN_MAX, rows whose
     frozen reference failed are queued for _redo."""
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    BOTTOM_RIGHT: gl.constexpr = sw.BOTTOM_RIGHT
+    IS_VARLEN: gl.constexpr = sw.IS_VARLEN
+    SCHEDULE: gl.constexpr = sw.SCHEDULE
+    FROZEN_MAX: gl.constexpr = sw.FROZEN_MAX
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
     if SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
-        code = _claimed(code_smem, q_bar, wg, done)
+        code = _claimed(ring.code, ring.q_bar, wg, done)
         while code >= 0:
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
                 code // n_m, code % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
                 k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
-            bad = _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-                                k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
-                                turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN, MAY_BE_EMPTY, PINGPONG,
-                                OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                                FROZEN_MAX)
+            bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full,
+                                g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+                                qk_scale)
             if FROZEN_MAX:
                 if bad > 0:
                     _push_redo(counter, (code * NUM_WG + wg))
             g += n_tiles
             turns += n_tiles + 1
             done += 1
-            code = _claimed(code_smem, q_bar, wg, done)
+            code = _claimed(ring.code, ring.q_bar, wg, done)
     else:
         for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
                 seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
             if start_m < sq:
-                bad = _consume_item(wg, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free,
-                                    v_free, k_done, turn, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles,
+                bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles,
                                     n_full, g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb,
-                                    stride_lh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, IS_VARLEN,
-                                    MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                                    FROZEN_MAX)
+                                    stride_lh, qk_scale)
                 if FROZEN_MAX:
                     if bad > 0:
                         _push_redo(counter, ((b * nheads + h) * n_m + start_m // BLOCK_M) * NUM_WG + wg)
                 g += n_tiles
                 turns += n_tiles + 1
                 done += 1
-    if STAGE_O:
+    if sw.STAGE_O:
         tma.store_wait(0)  # the tiles outlive no store that reads them
 
 
@@ -687,58 +764,44 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
         mbarrier.init(k_free.index(i), count=NUM_WG)
         mbarrier.init(v_free.index(i), count=NUM_WG)
 
-    MAY_BE_EMPTY: gl.constexpr = CAUSAL or IS_VARLEN  # rows whose first tile has no key to see
-    # warp_specialize takes a literal list, constexprs packed in a tuple stop being constexprs, and a batch-mode
-    # cu_seqlens (None) cannot sit in one: both lists are spelled out.
+    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, PINGPONG, OVERLAP_PV, STAGE_K,
+                  EARLY_P, STAGE_O, Q_REGS, SCHEDULE, FROZEN_MAX)
+    ring = Ring(q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem, k_done,
+                turn)
+    # warp_specialize takes a literal list and a batch-mode cu_seqlens (None) cannot sit in an aggregate: the
+    # consumers' arguments are spelled out once here and each entry repeats them.
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      SCHEDULE, FROZEN_MAX)),
-            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      SCHEDULE, FROZEN_MAX)),
-            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      SCHEDULE, FROZEN_MAX)),
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
-                            v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
-                            q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
+            (_consumer, (0, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                         nheads, group, n_m, n_bh, qk_scale)),
+            (_consumer, (1, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                         nheads, group, n_m, n_bh, qk_scale)),
+            (_consumer, (2, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                         nheads, group, n_m, n_bh, qk_scale)),
+            (_load_partition, (sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k,
+                               q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads,
+                               group, n_m, n_bh)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      SCHEDULE, FROZEN_MAX)),
-            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem,
-                      k_done, turn, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                      k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                      nheads, group, n_m, n_bh, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT,
-                      IS_VARLEN, MAY_BE_EMPTY, PINGPONG, OVERLAP_PV, STAGE_K, EARLY_P, STAGE_O, Q_REGS,
-                      SCHEDULE, FROZEN_MAX)),
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free,
-                            v_free, code_smem, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
-                            q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)),
+            (_consumer, (0, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                         nheads, group, n_m, n_bh, qk_scale)),
+            (_consumer, (1, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
+                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                         nheads, group, n_m, n_bh, qk_scale)),
+            (_load_partition, (sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k,
+                               q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads,
+                               group, n_m, n_bh)),
         ], [4, 1], [REGS, 24])
     if FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
         _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
               q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
               seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN,
-              MAY_BE_EMPTY)
+              sw.MAY_BE_EMPTY)
 
 
 def _layout(t, varlen):
