@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flashtile import configs, ops
-from flashtile.kernels import fwd_hopper
+from flashtile.kernels import fwd_hopper, hopper_common
 from flashtile.kernels.tiles import num_sms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +26,8 @@ def test_view_addresses_each_head(layout):
         t = torch.randn(batch, seqlen, nheads, head_dim)
     else:
         t = torch.randn(batch, nheads, seqlen, head_dim).transpose(1, 2)
-    layout, rows_b, rows_h, col_h = fwd_hopper._layout(t, varlen=False)
-    view = fwd_hopper._view(t, layout)
+    layout, rows_b, rows_h, col_h = hopper_common.view_layout(t, varlen=False)
+    view = hopper_common.view(t, layout)
     assert view.data_ptr() == t.data_ptr() and view.stride(-1) == 1
     for b in range(batch):
         for h in range(nheads):
@@ -38,8 +38,8 @@ def test_view_addresses_each_head(layout):
 def test_view_addresses_each_packed_sequence():
     seqlens, nheads, head_dim = [2, 0, 5], 3, 16
     t = torch.randn(sum(seqlens), nheads, head_dim)
-    layout, _, _, col_h = fwd_hopper._layout(t, varlen=True)
-    view = fwd_hopper._view(t, layout)
+    layout, _, _, col_h = hopper_common.view_layout(t, varlen=True)
+    view = hopper_common.view(t, layout)
     start = 0
     for n in seqlens:
         for h in range(nheads):
@@ -49,9 +49,9 @@ def test_view_addresses_each_packed_sequence():
 
 def test_views_the_kernel_cannot_read():
     qkv = torch.randn(2, 7, 3, 4, 64)  # q, k, v interleaved: a head's rows are not evenly spaced in a view
-    assert fwd_hopper._layout(qkv[:, :, 0], varlen=False) is None
-    assert fwd_hopper._layout(torch.randn(2, 7, 4, 64)[..., :32], varlen=False) is None  # a slice of the head dim
-    assert fwd_hopper._layout(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
+    assert hopper_common.view_layout(qkv[:, :, 0], varlen=False) is None
+    assert hopper_common.view_layout(torch.randn(2, 7, 4, 64)[..., :32], varlen=False) is None  # a slice of the head dim
+    assert hopper_common.view_layout(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
 
 
 def test_supports_only_full_or_causal_half_precision():

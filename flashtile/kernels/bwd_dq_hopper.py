@@ -8,14 +8,14 @@ register operand. Before its loop each consumer computes delta = rowsum(dO ∘ O
 the dK/dV kernel (kernels/bwd_hopper.py) launched after this one. The mirror image of that kernel: there K/V
 stay and Q/dO stream.
 
-Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (fwd_hopper._layout).
+Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout).
 """
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .fwd_hopper import _descriptor, _layout, _smem_layout, _view, register_operand_layout, wgmma_layout
+from .hopper_common import descriptor, register_operand_layout, smem_layout, view, view_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 
@@ -190,12 +190,12 @@ def backward_descriptors(q, k, v, dout, q_block, k_block):
     """What every sm90 backward launch reads through TMA (calls bwd_hopper.supports accepts): descriptors of Q, K, V
     and dO over their 2-D views in boxes of ``q_block`` rows (Q, dO) and ``k_block`` rows (K, V), and the views' row
     arithmetic, (rows per batch, rows per head, column of a head) for Q (dO is addressed like it) and for K."""
-    q_layout, *q_rows = _layout(q, False)
-    k_layout, *k_rows = _layout(k, False)
+    q_layout, *q_rows = view_layout(q, False)
+    k_layout, *k_rows = view_layout(k, False)
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    views = ((_view(q, q_layout), q_block), (_view(k, k_layout), k_block), (_view(v, _layout(v, False)[0]), k_block),
-             (_view(dout, _layout(dout, False)[0]), q_block))
-    descs = tuple(_descriptor(t, [block, q.shape[-1]], _smem_layout(block, q.shape[-1], dtype)) for t, block in views)
+    views = ((view(q, q_layout), q_block), (view(k, k_layout), k_block), (view(v, view_layout(v, False)[0]), k_block),
+             (view(dout, view_layout(dout, False)[0]), q_block))
+    descs = tuple(descriptor(t, [block, q.shape[-1]], smem_layout(block, q.shape[-1], dtype)) for t, block in views)
     return descs, tuple(q_rows), tuple(k_rows)
 
 

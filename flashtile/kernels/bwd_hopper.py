@@ -18,7 +18,7 @@ dQ, two designs (configs.HopperBwdConfig.single_pass):
   dQ kernel (kernels/bwd_dq_hopper.py) or the portable kernel's Q-tile programs (kernels/bwd.py); neither uses
   atomics, so ``deterministic=True`` takes this design.
 
-Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (fwd_hopper._layout):
+Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (hopper_common.view_layout):
 rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
 LSE = +inf (P = 0).
 """
@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .bwd_dq_hopper import backward_descriptors
-from .fwd_hopper import _descriptor, _layout, register_operand_layout, wgmma_layout
+from .hopper_common import descriptor, register_operand_layout, view_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 
@@ -252,12 +252,12 @@ def supports(q, k, v, dout, window_size):
     """Batch-mode calls the sm90 backward covers: a head dim with a configs.BWD_HOPPER entry, bf16/fp16, full or
     causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
     from .. import configs
-    from .fwd_hopper import GLUON_VERSION_OK
+    from .hopper_common import GLUON_VERSION_OK
     return (GLUON_VERSION_OK and q.dim() == 4 and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
             and q.dtype in (torch.bfloat16, torch.float16)
             and window_size[0] < 0 and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (q, k, v, dout))
-            and _layout(dout, False) == _layout(q, False) and _layout(v, False) == _layout(k, False))
+            and all(t.data_ptr() % 16 == 0 and view_layout(t, False) is not None for t in (q, k, v, dout))
+            and view_layout(dout, False) == view_layout(q, False) and view_layout(v, False) == view_layout(k, False))
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
@@ -276,7 +276,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
     if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is head_dim of them, in dq_tile_order
-        dq_arg = _descriptor(dq_acc.view(-1, 32), [head_dim, 32], DQ_TILE_LAYOUT.value)
+        dq_arg = descriptor(dq_acc.view(-1, 32), [head_dim, 32], DQ_TILE_LAYOUT.value)
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     args = (*descs, dk, dv, dq_arg, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h,
             k_rows_b, k_rows_h, k_col_h, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),

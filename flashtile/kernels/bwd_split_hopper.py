@@ -10,7 +10,7 @@ Each warpgroup runs two of a step's four products. A loader warp loads K and V o
 (query head of the group, Q tile) through a ring with TMA. dQ comes from the Gluon dQ kernel launched first
 (kernels/bwd_dq_hopper.py), which also writes delta: no atomics, so the gradients are bitwise reproducible.
 
-Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (fwd_hopper._layout): rows past a
+Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout): rows past a
 sequence belong to its neighbour, so keys past it are masked and query rows past it get LSE = +inf.
 """
 from triton.experimental import gluon
@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.language.core import _aggregate as aggregate
 
 from .bwd_dq_hopper import backward_descriptors
-from .fwd_hopper import register_operand_layout, wgmma_layout
+from .hopper_common import register_operand_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 

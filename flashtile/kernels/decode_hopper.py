@@ -9,7 +9,7 @@ the BLOCK_M packed query rows (the group's heads times the new tokens, GQA packi
 with the ring, each writes its state into the ring's memory, and the default partition merges them (each rescaled to
 the largest max) and writes O and LSE.
 
-The cache is read through the 2-D (rows, row stride) views of the Hopper forward (fwd_hopper._layout): key-major
+The cache is read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout): key-major
 (batch, seqlen, nheads_k, headdim) or head-major (its transpose of a (batch, nheads_k, seqlen, headdim) tensor). Rows
 past a sequence belong to its neighbour (or are zero-filled at the end of the tensor); in the tile that crosses the
 sequence's end their scores are masked and their V rows zeroed.
@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .fwd_hopper import GLUON_VERSION_OK, _descriptor, _layout, _smem_layout, _view
+from .hopper_common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
 from .online_softmax import LN2, LOG2E, online_softmax_step
 from .replay import Replay, Replays, aligned, detach_descriptor
 
@@ -196,8 +196,8 @@ def supports(q, k_cache, v_cache):
     rows (query heads a KV head times new tokens)."""
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] == 128
             and q.shape[2] // k_cache.shape[2] * q.shape[1] <= 16
-            and all(t.data_ptr() % 16 == 0 and _layout(t, False) is not None for t in (k_cache, v_cache))
-            and _layout(k_cache, False) == _layout(v_cache, False))
+            and all(t.data_ptr() % 16 == 0 and view_layout(t, False) is not None for t in (k_cache, v_cache))
+            and view_layout(k_cache, False) == view_layout(v_cache, False))
 
 
 def launch_args(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, config, seqlen_new=0):
@@ -205,10 +205,10 @@ def launch_args(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, con
     without a GPU); ``config`` a configs.DecodeHopperConfig. ``lse`` None: not written."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
-    shape, k_rows_b, k_rows_h, k_col_h = _layout(k_cache, False)
+    shape, k_rows_b, k_rows_h, k_col_h = view_layout(k_cache, False)
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    layout = _smem_layout(config.block_n, head_dim, dtype)
-    k_desc, v_desc = (_descriptor(_view(t, shape), [config.block_n, head_dim], layout) for t in (k_cache, v_cache))
+    layout = smem_layout(config.block_n, head_dim, dtype)
+    k_desc, v_desc = (descriptor(view(t, shape), [config.block_n, head_dim], layout) for t in (k_cache, v_cache))
     lse_strides = (0, 0) if lse is None else lse.stride()[:2]
     args = (k_desc, v_desc, q, out, lse, cache_seqlens, *q.stride()[:3], *out.stride()[:3], *lse_strides, seqlen_q,
             seqlen_new, k_cache.shape[1], nheads_k, k_rows_b, k_rows_h, k_col_h, softmax_scale * LOG2E.value)

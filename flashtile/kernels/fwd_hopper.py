@@ -36,8 +36,6 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -45,11 +43,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                  warpgroup_mma_wait)
 
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
 from .. import configs
 from .exact_rows import FROZEN_LIMIT, exact_rows
+from .hopper_common import (GLUON_VERSION_OK, descriptor, register_operand_layout, smem_layout, view, view_layout,
+                            wgmma_layout)
 from .online_softmax import LN2, LOG2E, online_softmax_step
 from .replay import Replay, Replays, aligned, detach_descriptor, stream_handle
 from .tiles import cdiv, num_sms
@@ -121,12 +120,6 @@ class Ring:
 
 
 @triton.constexpr_function
-def wgmma_layout(n):
-    """Registers of one warpgroup's wgmma result with n columns (the four warps stacked along the rows)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
-
-
-@triton.constexpr_function
 def row_run_layout(n):
     """A warpgroup's [64, n] tile with each thread holding runs of 8 columns of a row (16-byte stores, whole
     32-byte sectors per quad of lanes): the wgmma result layout with two lane bits and two register bits swapped
@@ -136,12 +129,6 @@ def row_run_layout(n):
         reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < n],
         lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
         shape=[64, n])
-
-
-@triton.constexpr_function
-def register_operand_layout(result_layout):
-    """A 16-bit A operand held in registers, for a wgmma whose result has ``result_layout``."""
-    return gl.DotOperandLayout(operand_index=0, parent=result_layout, k_width=2)
 
 
 @gluon.jit
@@ -804,50 +791,13 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
               sw.MAY_BE_EMPTY)
 
 
-def _layout(t, varlen):
-    """((rows, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
-    reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim)
-    strides; None for any other."""
-    return _layout_of(t.shape, t.stride(), varlen)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layout_of(shape, stride, varlen):
-    head_dim = shape[-1]
-    if stride[-1] != 1:
-        return None
-    if varlen:
-        s_n, s_h = stride[0], stride[1]
-        if s_h != head_dim or s_n != shape[1] * head_dim:
-            return None
-        return (shape[0], s_n), 0, 0, head_dim
-    s_b, s_n, s_h = stride[0], stride[1], stride[2]
-    batch, seqlen, nheads = shape[:3]
-    if s_h == head_dim and s_n == nheads * head_dim and s_b == seqlen * s_n:
-        return (batch * seqlen, s_n), seqlen, 0, head_dim
-    if s_n == head_dim and s_h == seqlen * head_dim and s_b == nheads * s_h:
-        return (batch * nheads * seqlen, head_dim), nheads * seqlen, seqlen, 0
-    return None
-
-
-def _view(t, shape):
-    """The 2-D (rows, row stride) view of ``t`` that _layout found."""
-    rows, width = shape
-    return t.as_strided((rows, width), (width, 1))
-
-
-# Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): this kernel is
-# written, tested and measured against triton 3.6; other versions use the portable kernel.
-GLUON_VERSION_OK = triton.__version__.startswith("3.6.")
-
-
 def supports(q, k, v, window_size):
     """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
     causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read."""
     varlen = q.dim() == 3
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
             and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and _layout(t, varlen) is not None for t in (q, k, v)))
+            and all(t.data_ptr() % 16 == 0 and view_layout(t, varlen) is not None for t in (q, k, v)))
 
 
 _REPLAYS = Replays()
@@ -922,20 +872,6 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         replay.run(q.device, *descs, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
-def _descriptor(t, block_shape, layout):
-    """A TMA descriptor of a 2-D view that ``supports`` already checked (the constructor's validation is
-    host time on every call)."""
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides = t, list(t.shape), list(t.stride())
-    desc.block_shape, desc.layout, desc.padding = block_shape, layout, "zero"
-    return desc
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_layout(block, head_dim, dtype):
-    return gl.NVMMASharedLayout.get_default_for([block, head_dim], dtype)
-
-
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
                 config, counter=None):
     """(grid, args, kwargs) of the kernel launch (scripts/compile_sm90.py compiles from them without a GPU).
@@ -943,14 +879,14 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     failed rows in (None: not needed, or a new one)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    q_layout, q_rows_b, q_rows_h, q_col_h = _layout(q, varlen)
-    k_layout, k_rows_b, k_rows_h, k_col_h = _layout(k, varlen)
-    q2, k2, v2 = _view(q, q_layout), _view(k, k_layout), _view(v, _layout(v, varlen)[0])
+    q_layout, q_rows_b, q_rows_h, q_col_h = view_layout(q, varlen)
+    k_layout, k_rows_b, k_rows_h, k_col_h = view_layout(k, varlen)
+    q2, k2, v2 = view(q, q_layout), view(k, k_layout), view(v, view_layout(v, varlen)[0])
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     # O by TMA stores where its 2-D view maps rows as Q's does (the same row and column offsets serve both)
-    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and _layout(out, varlen) == _layout(q, varlen))
-    o2 = _view(out, q_layout) if stage_o else q2
-    descs = [_descriptor(t, [block, head_dim], _smem_layout(block, head_dim, dtype))
+    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and view_layout(out, varlen) == view_layout(q, varlen))
+    o2 = view(out, q_layout) if stage_o else q2
+    descs = [descriptor(t, [block, head_dim], smem_layout(block, head_dim, dtype))
              for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n), (o2, WG_M.value))]
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0

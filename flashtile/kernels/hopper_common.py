@@ -1,0 +1,74 @@
+"""What the sm90 Gluon kernels share: the register layouts of wgmma results and register operands, the 2-D
+(rows, row stride) views that every tensor is read through, and TMA descriptors over them.
+
+A head's rows of one sequence are ``row_base + n`` of a view at column ``col``: view_layout finds the view of a
+token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim) tensor, or of packed
+(total, nheads, headdim) sequences, and says how rows and columns move per batch and per head.
+"""
+import functools
+
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): these kernels are
+# written, tested and measured against triton 3.6; other versions use the portable kernel.
+GLUON_VERSION_OK = triton.__version__.startswith("3.6.")
+
+
+@triton.constexpr_function
+def wgmma_layout(n):
+    """Registers of one warpgroup's wgmma result with n columns (the four warps stacked along the rows)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@triton.constexpr_function
+def register_operand_layout(result_layout):
+    """A 16-bit A operand held in registers, for a wgmma whose result has ``result_layout``."""
+    return gl.DotOperandLayout(operand_index=0, parent=result_layout, k_width=2)
+
+
+def view_layout(t, varlen):
+    """((rows, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
+    reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim)
+    strides; None for any other."""
+    return _layout_of(t.shape, t.stride(), varlen)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout_of(shape, stride, varlen):
+    head_dim = shape[-1]
+    if stride[-1] != 1:
+        return None
+    if varlen:
+        s_n, s_h = stride[0], stride[1]
+        if s_h != head_dim or s_n != shape[1] * head_dim:
+            return None
+        return (shape[0], s_n), 0, 0, head_dim
+    s_b, s_n, s_h = stride[0], stride[1], stride[2]
+    batch, seqlen, nheads = shape[:3]
+    if s_h == head_dim and s_n == nheads * head_dim and s_b == seqlen * s_n:
+        return (batch * seqlen, s_n), seqlen, 0, head_dim
+    if s_n == head_dim and s_h == seqlen * head_dim and s_b == nheads * s_h:
+        return (batch * nheads * seqlen, head_dim), nheads * seqlen, seqlen, 0
+    return None
+
+
+def view(t, shape):
+    """The 2-D (rows, row stride) view of ``t`` that view_layout found."""
+    rows, width = shape
+    return t.as_strided((rows, width), (width, 1))
+
+
+def descriptor(t, block_shape, layout):
+    """A TMA descriptor of a 2-D view that the kernel's ``supports`` already checked (the constructor's validation is
+    host time on every call)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides = t, list(t.shape), list(t.stride())
+    desc.block_shape, desc.layout, desc.padding = block_shape, layout, "zero"
+    return desc
+
+
+@functools.lru_cache(maxsize=None)
+def smem_layout(block, head_dim, dtype):
+    return gl.NVMMASharedLayout.get_default_for([block, head_dim], dtype)
