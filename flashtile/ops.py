@@ -378,7 +378,8 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
 def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes, window_size,
                           heads_adjacent, programs, capacity, sms):
     """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
-    head-major cache (a key-major one, ``heads_adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no option
+    head-major cache (a key-major one, ``heads_adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no
+    option
     that masks or biases scores (a causal mask over one new token masks nothing), else None."""
     if (heads_adjacent or _arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
             or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None

@@ -14,7 +14,7 @@ import sys
 import torch
 import triton
 
-from flashtile import configs, dispatch, ops
+from flashtile import dispatch, ops
 from flashtile.kernels import bwd as new_bwd
 from flashtile.kernels.tiles import head_dim_pad
 

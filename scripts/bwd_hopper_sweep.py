@@ -17,8 +17,8 @@ SPLIT = dict(block_n=64, split_gradients=True, min_seqlen_k=0)
 CANDIDATES = {
     64: {
         "two kernels, dQ 128 keys": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128)),
-        "one pass, ring 3": HopperBwdConfig(num_stages=3, single_pass=True),
-        "one pass, ring 2": HopperBwdConfig(single_pass=True),
+        "one pass, ring 3": HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
+        "one pass, ring 2": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
     },
     128: {
         "two kernels": configs.BWD_HOPPER[(128, True)],

@@ -1,5 +1,6 @@
 """The sm90 backward's two designs side by side (configs.HopperBwdConfig.single_pass): two kernels (dQ, then dK/dV,
-S and P computed in each) against one pass (dK/dV handing dS·K to the copy engine, which adds it into a float32 dQ), the whole backward and
+S and P computed in each) against one pass (dK/dV handing dS·K to the copy engine, which adds it into a float32 dQ),
+the whole backward and
 the single pass's pieces, taking turns; bf16, B·N = 16k, H·D = 2048.
 Run on the GPU: ``PYTHONPATH=. python scripts/bwd_single_pass.py [--head-dims 128] [--seqlens ...] [--json PATH]``."""
 import argparse

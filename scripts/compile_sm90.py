@@ -15,8 +15,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from flashtile import configs, dispatch
-from flashtile.kernels.decode import flash_decode_split_kernel, merge_rows_per_step
 from flashtile.kernels.bwd import flash_bwd_kernel
+from flashtile.kernels.decode import flash_decode_split_kernel, merge_rows_per_step
 from flashtile.kernels.fwd import flash_fwd_kernel
 from flashtile.kernels.tiles import head_dim_pad
 
@@ -134,6 +134,7 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
     whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)"""
     import torch
+
     from flashtile.kernels import fwd_hopper
 
     q, k, v = (torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
@@ -156,6 +157,7 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128):
     """The Gluon dK/dV kernel (kernels/bwd_hopper.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
     ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ."""
     import torch
+
     from flashtile.kernels import bwd_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     config = configs.BWD_HOPPER[(head_dim, causal)]
@@ -170,6 +172,7 @@ def compile_hopper_split(causal, nheads_k=2, head_dim=256):
     """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/bwd_split_hopper.py) with its shipped config,
     8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants)."""
     import torch
+
     from flashtile.kernels import bwd_split_hopper
     q, k, lse = _backward_inputs(head_dim, nheads_k)
     config = configs.BWD_HOPPER[(head_dim, causal)]
@@ -194,6 +197,7 @@ def compile_hopper_decode(layout, config=None):
     """The Gluon decode kernel (kernels/decode_hopper.py), D=128, GQA 32/8, on a key- or head-major cache, as
     compile_hopper_fwd."""
     import torch
+
     from flashtile.kernels import decode_hopper
     config = config or configs.DECODE_HOPPER[128]
     q = torch.empty(4, 1, 32, 128, dtype=torch.bfloat16)
@@ -207,8 +211,8 @@ def compile_hopper_decode(layout, config=None):
 
 def _compile_gluon(kernel, args, kwargs):
     from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
     from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
     backend = make_backend(TARGET)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kwargs)

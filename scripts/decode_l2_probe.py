@@ -82,6 +82,7 @@ _TMAP_OFFSET = 128  # PyCUtensorMapObject: the object header, then the 128-align
 def _encoded(meta, address, shape, strides, padding, promotion):
     """128 bytes of CUtensorMap as triton's fill_tma_descriptor encodes it, but with ``promotion``."""
     import ctypes
+
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
     encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
     rank = len(shape)
@@ -99,7 +100,9 @@ def promotion_probe(batches, seqlens, promotions, rounds, flush):
     """The shipped decode with its pinned K/V descriptors re-encoded with other L2 promotions (triton fixes 128 B):
     each candidate on its own copy of the cache, so that each has its own replay and descriptors."""
     import ctypes
+
     from triton.backends.nvidia import driver
+
     from flashtile import ops
     from flashtile.bench.__main__ import best_of_turns
     from flashtile.bench.decode import peers
@@ -148,9 +151,10 @@ def promotion_probe(batches, seqlens, promotions, rounds, flush):
 def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fields=5):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from flashtile import ops
-    from flashtile.bench.decode import peers
     from flashtile.bench.__main__ import best_of_turns
+    from flashtile.bench.decode import peers
     from flashtile.configs import DecodeConfig
     from flashtile.dispatch import decode_config, decode_splits, decode_waves
     from flashtile.kernels import decode

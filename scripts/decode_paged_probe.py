@@ -50,8 +50,10 @@ def timers(batch, seqlen, page_sizes, configs, leftpad=0):
             kp[table].flatten(1, 2).transpose(1, 2), vp[table].flatten(1, 2).transpose(1, 2))
         for c in (c[1:] for c in configs if c[0] == page_size):
             cfg, splits = from_fields(DecodeConfig, (*c[:4], c[5])), c[4]
-            fns[f"{page_size}: " + "/".join(map(str, c))] = lambda kp=kp, vp=vp, table=table, cfg=cfg, splits=splits: ops.kvcache_forward(
-                q, kp, vp, seqlens, None, table, seqlen, HEAD_DIM ** -0.5, (-1, -1), splits, config=cfg, want_lse=False)[0]
+            fns[f"{page_size}: " + "/".join(map(str,
+                                                c))] = lambda kp=kp, vp=vp, table=table, cfg=cfg, splits=splits: ops.kvcache_forward(  # noqa: E501
+                q, kp, vp, seqlens, None, table, seqlen, HEAD_DIM ** -0.5, (-1,
+                                                                            -1), splits, config=cfg, want_lse=False)[0]
     return fns
 
 

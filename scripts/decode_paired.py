@@ -14,8 +14,8 @@ import statistics
 import torch
 
 from flashtile import ops
-from flashtile.bench.decode import _eager_us, peers
 from flashtile.bench.__main__ import every_turn
+from flashtile.bench.decode import _eager_us, peers
 from flashtile.configs import DecodeConfig, from_fields
 from scripts.decode_read_floor import cache
 

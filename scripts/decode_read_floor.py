@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-
 PATTERNS = [1, 128, 1, 2, 256, 4, 4, 32, 1, 2, 256, 4, 8, 16, 1, 2, 256, 4, 8, 16, 8, 2, 256, 4, 8, 16, 1, 3, 256, 4,
             8, 16, 8, 3, 256, 4]  # run 33, call 5
 

@@ -20,6 +20,7 @@ from triton.runtime.jit import create_function_from_signature
 
 sys.path.insert(0, os.path.dirname(__file__))
 import compile_sm90  # noqa: E402
+
 from flashtile import configs  # noqa: E402
 from flashtile.kernels import fwd_hopper  # noqa: E402
 

@@ -31,6 +31,7 @@ def summarize(paths):
 
 def profile(batch, seqlen, names):
     import torch
+
     from flashtile.bench.decode import peers
     fns = peers(batch, seqlen)
     for name in names:

@@ -7,7 +7,7 @@ import torch
 import triton
 
 import flashtile
-from flashtile import checks, configs, dispatch, ops
+from flashtile import checks, dispatch, ops
 from flashtile.kernels.decode import launch_decode, partial_elements
 
 

@@ -116,6 +116,7 @@ def decode():
 
 
 if __name__ == "__main__":
-    {"minimal": lambda: minimal(0), "scratch": lambda: minimal(1), "uneven": lambda: minimal(2), "mbarrier": lambda: minimal(3),
+    {"minimal": lambda: minimal(0), "scratch": lambda: minimal(1), "uneven": lambda: minimal(2),
+     "mbarrier": lambda: minimal(3),
      "fwd": fwd,
      "bwd": bwd, "decode": decode}[sys.argv[1]]()

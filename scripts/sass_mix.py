@@ -13,6 +13,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 import compile_sm90  # noqa: E402
+
 from flashtile import configs  # noqa: E402
 
 OPS = ["MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "LEA", "IMAD", "F2FP", "HGMMA"]

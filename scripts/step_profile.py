@@ -43,7 +43,8 @@ def main(argv=None):
                 if e.device_type == torch.autograd.DeviceType.CUDA:
                     kernels[e.name] += e.device_time / 5 / 1000
             total = sum(kernels.values())
-            names = ", ".join(f"{name[:40]} {ms * 1000:.0f}" for name, ms in sorted(kernels.items(), key=lambda x: -x[1]))
+            names = ", ".join(f"{name[:40]} {ms * 1000:.0f}" for name, ms in sorted(kernels.items(),
+                                                                                    key=lambda x: -x[1]))
             print(f"| {'yes' if causal else 'no'} | {n} | {fwd_ms:.3f} | {step_ms:.3f} | {total:.3f} | "
                   f"{step_ms / total:.2f} | {names} |", flush=True)
 

@@ -2,9 +2,9 @@
 unpacked tensors, output and gradients, and names the argument whose shape is wrong."""
 import pytest
 import torch
+from helpers import DEVICE, randn
 
 import flashtile
-from helpers import DEVICE, randn
 
 
 def _grads(fn, leaves, dout):

@@ -39,6 +39,7 @@ def test_error_text_is_one_line_even_for_an_empty_message():
 
 def test_tune_refuses_peers_for_the_backward_before_touching_a_gpu(capsys):
     import pytest
+
     from flashtile.bench.tune import main
     with pytest.raises(SystemExit) as exit_info:
         main(["--backward", "--peers", "cuDNN"])
@@ -80,6 +81,7 @@ def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     two-warpgroup one; other head dims untouched."""
     import importlib.util
     import pathlib
+
     from flashtile import configs
     path = pathlib.Path(__file__).parents[1] / "scripts" / "fwd_variants.py"
     spec = importlib.util.spec_from_file_location("fwd_variants", path)

@@ -1,11 +1,10 @@
 """Backward, autograd and torch.compile (CPU tier: Triton interpreter, fp16/fp32)."""
 import pytest
 import torch
+from helpers import DEVICE, poisoned_outputs, randn, slack, torch_attention, torch_attention_varlen, varlen_inputs
 
 import flashtile
 from flashtile import dispatch, ops, reference
-from helpers import (DEVICE, poisoned_outputs, randn, slack, torch_attention, torch_attention_varlen,
-                     varlen_inputs)
 
 
 def gradients(fn, inputs, dout):
@@ -326,7 +325,6 @@ def test_dq_programs_that_write_delta(causal):
     """The sm90 backward's first launch (kernels/bwd_hopper.py): dQ-only programs that also compute
     delta = rowsum(dO ∘ O) for the dK/dV kernel after them, in place of the preprocess launch. Both must equal
     what the preprocess and the portable backward give, on a ragged length with GQA."""
-    from flashtile import configs
     from flashtile.kernels.bwd import launch_bwd, launch_preprocess
     q, dout = (randn(2, 77, 4, 64, dtype=torch.float16) for _ in range(2))
     k, v = (randn(2, 77, 2, 64, dtype=torch.float16) for _ in range(2))

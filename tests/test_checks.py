@@ -1,11 +1,11 @@
 """Bad input is refused with a clear error naming the argument, before any kernel launch."""
 import pytest
 import torch
+from helpers import DEVICE, randn, value_checks
 
 import flashtile
 from flashtile import checks
 from flashtile.kernels import fwd
-from helpers import DEVICE, randn, value_checks
 
 
 @pytest.fixture(autouse=True)

@@ -36,7 +36,8 @@ def test_version(capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU prints")
 @pytest.mark.parametrize("run", ["bench", "tune", "lessons", "decode", "small_calls"])
 def test_gpu_commands_say_so_in_one_line_without_a_gpu(run):
-    from flashtile.bench import __main__ as bench, decode, lessons, small_calls, tune
+    from flashtile.bench import __main__ as bench
+    from flashtile.bench import decode, lessons, small_calls, tune
     main = {"bench": lambda: cli.main(["bench", "--seqlens", "1024"]), "tune": lambda: cli.main(["tune"]),
             "lessons": lambda: lessons.main([]), "decode": lambda: decode.main([]),
             "small_calls": lambda: small_calls.main([])}[run]
@@ -61,6 +62,7 @@ def test_info_names_the_files_that_run_each_sm90_backward():
     that exist, in launch order, and what deterministic=True runs instead where it differs."""
     import re
     from pathlib import Path
+
     from flashtile import configs
     lines = cli.backward_plans()
     assert len(lines) == len(configs.BWD_HOPPER)

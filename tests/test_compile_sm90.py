@@ -30,7 +30,7 @@ def _compile_in_shards(*args, shards=2):
 
 def test_forward_compiles_for_sm90():
     rows = _compile_in_shards()
-    from flashtile import configs, dispatch
+    from flashtile import configs
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel"} | hopper
@@ -64,7 +64,7 @@ def test_every_decode_launch_compiles_for_sm90():
     shared memory and never spills. flash-attn's kvcache tests once picked tiles that did neither: 384 query rows a
     head at D=64 (the compiler failed), 96 at D=256 with key groups (out of shared memory)."""
     rows = _compile_in_shards("--decode")
-    from flashtile import configs, dispatch
+    from flashtile import dispatch
     assert len(rows) > 2 * (len(dispatch.decode_configs_sm90()) + len(dispatch.decode_paged_configs_sm90()))
     assert {r["tma"] for r in rows} == {True, False} and {r["paged"] for r in rows} == {True, False}
     for row in rows:
@@ -132,7 +132,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
 def test_hopper_dq_compiles_for_sm90(head_dim, delta_in):
     """kernels/bwd_dq_hopper.py with each head dim's shipped tiles, computing delta or reading it: warp-specialized,
     wgmma asynchronous, no spills, within shared memory."""
-    from flashtile import configs, dispatch
+    from flashtile import configs
     rows = _gluon_backward_rows("compile_hopper_dq", f", None, {head_dim}, {delta_in}")
     for row, causal in zip(rows, (False, True)):
         block_n = configs.BWD_HOPPER[(head_dim, causal)].dq_hopper.block_n
@@ -157,8 +157,8 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
-    for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(block_m=192, block_n=128, "
-                              "num_stages=3, consumer_regs=160, maxnreg=128, persistent=True)) for c in (False, True)]"):
+    for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(block_m=192, block_n=128, "  # noqa: E501
+                              "num_stages=3, consumer_regs=160, maxnreg=128, persistent=True)) for c in (False, True)]"):  # noqa: E501
         assert row["setmaxnreg"] > 0 and not row["serialized"], row
         assert row["wgmma"] == 72 and row["shared"] <= SM90_SHARED_LIMIT, row  # 3 consumers x (4 + 4 + 8 + 8) k-steps
         assert row["local"] <= (68 if row["causal"] else 0), row
@@ -211,7 +211,8 @@ def test_hopper_forward_spills_outside_the_key_loops():
 
 
 def test_hopper_decode_compiles_for_sm90():
-    """kernels/decode_hopper.py, both configs on both cache layouts: warp-specialized (registers moved to the consumer warps), no
+    """kernels/decode_hopper.py, both configs on both cache layouts: warp-specialized (registers moved to the consumer
+    warps), no
     spills, within shared memory, two TMA loads (K, V) and each consumer's mma.sync: 4 warps x (2 · 8 for Q·Kᵀ of 16
     keys + 16 for P·V) a tile."""
     from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK

@@ -3,13 +3,12 @@ import functools
 
 import pytest
 import torch
+from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention, value_checks
 
 import flashtile
 from flashtile import dispatch, reference
 from flashtile.bench.decode import paged_cache
 from flashtile.kernels.tiles import tma_addressable
-from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, torch_attention, value_checks
-
 
 paged = functools.partial(paged_cache, spare_pages=3)  # the same cache as shuffled pages, and its block table
 
@@ -274,7 +273,6 @@ def _decode_case(monkeypatch, config, heads, capacity, lengths, new, layout):
     """The decode config forced to ``config``; q (batch, new, nheads, head_dim) and caches of batch + 1 rows
     (head-major views for layout "head-major"), each V slot past its sequence's length inf, and the cache row of
     each sequence (shuffled for layout "batch-idx")."""
-    from flashtile import configs
     monkeypatch.setattr(dispatch, "decode_config", lambda *args, **kwargs: config)
     (nheads, nheads_k, head_dim), batch = heads, len(lengths)
     q = randn(batch, new, nheads, head_dim, dtype=torch.float16)
@@ -433,7 +431,7 @@ def test_paged_dispatch():
 def test_several_heads_dispatch():
     """Which decode steps read several KV heads a program (D=128, 132 SMs): long caches whose programs still fill
     the SMs, flash-attn's layout only."""
-    from flashtile import configs, ops
+    from flashtile import ops
     rule = dispatch.decode_heads_config
     assert rule(128, 8, 4, 32 * 8, 32768, 132).heads == 4  # B=32, L=32k: 64 programs x 2 splits of 16k keys
     assert rule(128, 8, 4, 8 * 8, 131072, 132).heads == 4  # B=8, L=128k: 16 x 8 of 16k
@@ -656,7 +654,7 @@ BAD = {
                    "num_splits"),
     "head-major-cache": (lambda q, kc, vc: flashtile.flash_attn_with_kvcache(
         q, kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()), ValueError,
-        r"\(batch_cache, seqlen_cache, nheads_k, headdim\), as in flash-attn; a head-major .* k_cache.transpose\(1, 2\)"),
+        r"\(batch_cache, seqlen_cache, nheads_k, headdim\), as in flash-attn; a head-major .* k_cache.transpose\(1, 2\)"),  # noqa: E501
     "combine-shape": (lambda q, kc, vc: flashtile.combine(q[None], torch.zeros(1, 2, 3, 1, device=DEVICE)),
                       ValueError, "lse_partials must be"),
 }

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import DEVICE
 
 import flashtile
 from flashtile import reference
-from helpers import DEVICE
 
 CASES = [(layout, causal, nheads_k) for layout in ("contiguous", "zigzag") for causal in (False, True)
          for nheads_k in (4, 1)]  # MHA and MQA over 4 query heads

@@ -2,11 +2,18 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import (
+    DTYPE_IDS,
+    assert_attention_close,
+    poisoned_outputs,
+    randn,
+    torch_attention,
+    torch_attention_varlen,
+    varlen_inputs,
+)
 
 import flashtile
 from flashtile import reference
-from helpers import (DTYPE_IDS, assert_attention_close, poisoned_outputs, randn, torch_attention,
-                     torch_attention_varlen, varlen_inputs)
 
 DTYPES = [torch.float16, torch.float32]
 

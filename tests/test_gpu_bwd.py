@@ -1,13 +1,13 @@
 """GPU tier (`pytest -m gpu`): backward at real sizes, torch.compile with inductor, a short training run."""
 import pytest
+import test_bwd
 import torch
 import torch.nn.functional as F
+from helpers import DTYPE_IDS, randn, torch_attention, torch_attention_varlen, varlen_inputs
+from test_bwd import Block, _slopes, assert_grads_close, gradients, negative_scores
 
 import flashtile
 from flashtile import configs, reference
-from helpers import DTYPE_IDS, randn, torch_attention, torch_attention_varlen, varlen_inputs
-import test_bwd
-from test_bwd import Block, _slopes, assert_grads_close, gradients, negative_scores
 
 pytestmark = pytest.mark.gpu
 

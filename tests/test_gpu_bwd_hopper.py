@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import DTYPE_IDS, randn
+from test_gpu_bwd import assert_graph_replays_like_eager, check
 
 import flashtile
 from flashtile import configs, ops
-from helpers import DTYPE_IDS, randn
-from test_gpu_bwd import assert_graph_replays_like_eager, check
 
 pytestmark = pytest.mark.gpu
 

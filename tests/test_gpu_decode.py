@@ -1,11 +1,11 @@
 """GPU tier (`pytest -m gpu`): flash decoding at real sizes, bf16, contiguous and paged caches."""
 import pytest
 import torch
+from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn
+from test_decode import _guarded, _guards_intact, _i32, expected, many_rows_case, paged
 
 import flashtile
 from flashtile import dispatch
-from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn
-from test_decode import _guarded, _guards_intact, _i32, expected, many_rows_case, paged
 
 pytestmark = pytest.mark.gpu
 
@@ -92,7 +92,8 @@ def test_decode_long_cache_many_splits():
 @pytest.mark.parametrize("new_tokens", [1, 2], ids=["decode", "spec2"])
 @pytest.mark.parametrize("layout", ["key-major", "head-major"])
 def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
-    """B=32, L=32k: one new token over SDPA's head-major cache takes the warp-specialized kernel (kernels/decode_hopper.py)
+    """B=32, L=32k: one new token over SDPA's head-major cache takes the warp-specialized kernel
+    (kernels/decode_hopper.py)
     on sm90; two new tokens, causal, the portable one, which reads that layout one head a program, as it reads
     flash-attn's key-major cache four KV heads a program (dispatch.decode_heads_config), whatever the new tokens; all
     right at ragged lengths (0, 1, around the split edge, full)."""
@@ -120,11 +121,12 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
 @pytest.mark.parametrize("heads", [(32, 8), (16, 2)], ids=["gqa32-8", "gqa16-2"])
 def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
     """One split whose (batch, KV head) programs fill their waves (dispatch.decode_hopper_config): B=32 with 8 KV heads
-    over 16k keys, B=128 with 2 (eight query heads each) over 4k, each of the two ring depths. kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
+    over 16k keys, B=128 with 2 (eight query heads each) over 4k, each of the two ring depths.
+    kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
     one), right in O and LSE at ragged lengths (0, 1,
     around the 64-key tiles, full) with NaN in every cache slot past a sequence, with or without a new token appended
     first; the output filled with NaN beforehand shows any row it leaves unwritten."""
-    from flashtile import configs, ops
+    from flashtile import ops
     from flashtile.kernels.tiles import num_sms
     nheads, nheads_k = heads
     batch, capacity = (32, 16384) if nheads_k == 8 else (128, 4096)  # the configs from 16k keys and under
@@ -242,8 +244,9 @@ def test_decode_loop_replays_see_each_steps_tensors(page_size):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
 def test_decode_with_rotary_bf16(interleaved):
     """Rotary on q and the appended k at real sizes in bf16 (the interpreter's bf16 is not trusted)."""
-    from flashtile import reference
     from test_decode import _rotary_table
+
+    from flashtile import reference
     batch, capacity, nheads, nheads_k, head_dim = 4, 8192, 32, 8, 128
     lengths = [0, 3000, capacity - 1, 777]
     q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)

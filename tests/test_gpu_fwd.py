@@ -3,11 +3,18 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import (
+    DTYPE_IDS,
+    assert_attention_close,
+    poisoned_outputs,
+    randn,
+    torch_attention,
+    torch_attention_varlen,
+    varlen_inputs,
+)
 
 import flashtile
 from flashtile import configs, ops, reference
-from helpers import (DTYPE_IDS, assert_attention_close, poisoned_outputs, randn, torch_attention,
-                     torch_attention_varlen, varlen_inputs)
 
 pytestmark = pytest.mark.gpu
 

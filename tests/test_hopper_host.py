@@ -50,7 +50,8 @@ def test_view_addresses_each_packed_sequence():
 def test_views_the_kernel_cannot_read():
     qkv = torch.randn(2, 7, 3, 4, 64)  # q, k, v interleaved: a head's rows are not evenly spaced in a view
     assert hopper_common.view_layout(qkv[:, :, 0], varlen=False) is None
-    assert hopper_common.view_layout(torch.randn(2, 7, 4, 64)[..., :32], varlen=False) is None  # a slice of the head dim
+    assert hopper_common.view_layout(torch.randn(2, 7, 4, 64)[..., :32],
+                                     varlen=False) is None  # a slice of the head dim
     assert hopper_common.view_layout(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
 
 

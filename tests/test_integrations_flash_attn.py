@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
+from helpers import DEVICE, randn
 
 import flashtile
 import flashtile.integrations.flash_attn as shim
-from helpers import DEVICE, randn
 
 
 def test_install_then_uninstall_restores_what_was_there():

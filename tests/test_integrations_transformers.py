@@ -8,8 +8,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import flashtile.integrations.transformers as flashtile_hf  # noqa: E402
 from helpers import DEVICE  # noqa: E402
+
+import flashtile.integrations.transformers as flashtile_hf  # noqa: E402
 
 flashtile_hf.register()
 
@@ -36,7 +37,8 @@ def tiny(kind="llama", **overrides):
         cls = transformers.Gemma2ForCausalLM
     torch.manual_seed(0)
     # each model its own config: a model reads its attention implementation from its config at every call
-    ref = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa" if kind in ("llama", "mistral") else "eager")
+    ref = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa" if kind in ("llama",
+                                                                                         "mistral") else "eager")
     ours = cls._from_config(copy.deepcopy(config), attn_implementation=flashtile_hf.NAME)
     ref, ours = ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
     assert ref.config._attn_implementation != ours.config._attn_implementation == flashtile_hf.NAME

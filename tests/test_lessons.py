@@ -1,11 +1,11 @@
 """The lesson kernels: softmax three ways and FlashAttention-1, exact against the reference."""
 import pytest
 import torch
+from helpers import assert_attention_close, randn, torch_attention
 
 from flashtile import reference
 from flashtile.lessons.fa1 import flash_attn_v1
 from flashtile.lessons.softmax import naive_softmax, online_softmax, safe_softmax
-from helpers import assert_attention_close, randn, torch_attention
 
 
 @pytest.mark.parametrize("fn", [naive_softmax, safe_softmax, online_softmax], ids=lambda f: f.__name__)

@@ -16,7 +16,8 @@ from scripts.decode_read_floor import floor_fn  # noqa: E402
 def test_read_floor_reads_every_key(heads, block_n, boxes, layout):
     batch, seqlen, nheads_k, head_dim = 2, 64, 8, 16
     gen = torch.Generator().manual_seed(heads * 10 + boxes)
-    k, v = (torch.rand(batch, seqlen, nheads_k, head_dim, generator=gen).half() for _ in range(2))  # fp16: bf16 is wrong in the interpreter
+    k, v = (torch.rand(batch, seqlen, nheads_k, head_dim,
+                       generator=gen).half() for _ in range(2))  # fp16: bf16 is wrong in the interpreter
     if layout == "head":  # each head's keys contiguous, seen as (batch, seqlen, nheads_k, head_dim)
         k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
     splits = 16 // (batch * nheads_k // heads)  # 16 programs: 1, 4 or 8 splits, 2-4 tiles each

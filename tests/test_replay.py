@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from helpers import DEVICE, randn, value_checks
 
 import flashtile
 from flashtile.kernels import replay
-from helpers import DEVICE, randn, value_checks
 
 
 class _Compiled:
@@ -128,6 +128,7 @@ def test_raw_launch_of_a_kernel_without_descriptors():
     """Without descriptors CudaLauncher.launch is the C function itself (no code object): the raw launch must
     call it with the plain argument list (functools.partial stands in for the builtin here)."""
     import functools
+
     from triton.backends.nvidia import driver
     seen = []
     launcher = object.__new__(driver.CudaLauncher)

@@ -4,11 +4,11 @@ on the GPU, F.scaled_dot_product_attention itself, with the profiler naming the 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE, randn
 
 import flashtile
 import flashtile.sdpa
 from flashtile import reference
-from helpers import DEVICE, randn
 
 
 @pytest.fixture

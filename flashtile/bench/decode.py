@@ -21,8 +21,9 @@ from .__main__ import bench_ms, best_of_turns, error_text, is_oom, progress
 
 
 def peers(batch, seqlen, nheads=32, nheads_k=8, head_dim=128, layout="head"):
-    from .. import flash_attn_with_kvcache, set_value_checks
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .. import flash_attn_with_kvcache, set_value_checks
     q = torch.randn(batch, 1, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
     k_cache, v_cache = (torch.randn(batch, seqlen, nheads_k, head_dim, device="cuda", dtype=torch.bfloat16)
                         for _ in range(2))
@@ -78,7 +79,8 @@ SWEEP_CONFIGS = ((128, 4, 3, 4), (128, 4, 2, 4), (128, 4, 3, 1), (128, 4, 2, 1),
 
 def sweep(shapes=SWEEP_SHAPES, configs=SWEEP_CONFIGS, splits=(0, 1, 2, 4, 8, 16), rounds=2):
     """Decode tile configs (block_n, warps, stages, key_groups) and split counts (0: automatic) on a few shapes,
-    contiguous cache, timed like the bench (eager do_bench, turns with cuDNN in the same loop): KV TB/s (µs) per cell."""
+    contiguous cache, timed like the bench (eager do_bench, turns with cuDNN in the same loop): KV TB/s (µs) per
+    cell."""
     from .. import ops
     from ..configs import DecodeConfig, from_fields
     candidates = [(from_fields(DecodeConfig, c), s) for c in configs for s in splits]

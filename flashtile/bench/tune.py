@@ -9,7 +9,7 @@ import torch
 from .. import checks, ops
 from ..configs import FWD_SM90, BwdConfig, HopperFwdConfig, TileConfig, from_fields
 from . import require_gpu
-from .__main__ import HIDDEN, TOKENS, best_of_turns, bench_ms, error_text, fwd_flops, progress, time_peer
+from .__main__ import HIDDEN, TOKENS, bench_ms, best_of_turns, error_text, fwd_flops, progress, time_peer
 from .peers import FORWARD
 
 FWD_CANDIDATES = [from_fields(TileConfig, c) for c in [

@@ -8,10 +8,12 @@
 Every layer of a model that calls transformers' attention interface then runs on flashtile: ``attention`` takes the
 (batch, heads, seqlen, head_dim) tensors transformers passes, and the 2-D padding mask that ``register`` has
 transformers build for it (its flash-attention mask: None when nothing is padded). A padded batch, right or left
-padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad``, flash-attn's bert_padding helpers); padding-free batches (the
+padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad``, flash-attn's bert_padding helpers);
+padding-free batches (the
 ``cu_seq_lens_*`` keyword arguments, or position_ids that restart within one row) run packed as they come; causal
 models align their mask bottom-right, so generate()'s cached keys need no mask. GQA, sliding windows and softcap
-pass through; attention sinks (gpt-oss's ``s_aux``) rescale each row by its LSE (``with_sinks``). The name has no "flash" in it: transformers reads such names as kernels to fetch from its hub.
+pass through; attention sinks (gpt-oss's ``s_aux``) rescale each row by its LSE (``with_sinks``). The name has no
+"flash" in it: transformers reads such names as kernels to fetch from its hub.
 """
 import torch
 

@@ -15,8 +15,18 @@ import triton
 import triton.language as tl
 
 from .online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
-from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
-                    reduce_tile, sequence_bounds, sequence_desc, store_tile)
+from .tiles import (
+    band_mask,
+    band_tiles,
+    cdiv,
+    head_dim_pad,
+    host_descriptors,
+    load_tile,
+    reduce_tile,
+    sequence_bounds,
+    sequence_desc,
+    store_tile,
+)
 
 
 @triton.jit

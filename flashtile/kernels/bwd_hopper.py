@@ -25,16 +25,20 @@ LSE = +inf (P = 0).
 import torch
 from triton._C.libtriton import ir
 from triton.experimental import gluon
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .bwd_dq_hopper import backward_descriptors
 from .hopper_common import descriptor, register_operand_layout, view_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
-
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
 DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
@@ -121,7 +125,8 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready, dK, dV,
+def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free,
+              ds_ready, dK, dV,
               dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
               stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k,
               diag, group, qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -232,12 +237,14 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready, dK, dV, dQacc,
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready,
+                     dK, dV, dQacc,
                      LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
                      stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q,
                      seqlen_k, diag, group, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                      DQ_REDUCE)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready, dK, dV, dQacc,
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready,
+                     dK, dV, dQacc,
                      LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
                      stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q,
                      seqlen_k, diag, group, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
@@ -264,7 +271,8 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
                 dq_acc=None):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag); ``dq_acc``
-    (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel)."""
+    (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by
+    another kernel)."""
     from .. import configs
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n

@@ -12,8 +12,17 @@ import triton.language as tl
 
 from .online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
 from .replay import Replay, Replays, aligned, detach_descriptor
-from .tiles import (band_mask, band_tiles, cdiv, head_dim_pad, host_descriptors, load_tile,
-                    q_tile_program, sequence_desc, store_tile)
+from .tiles import (
+    band_mask,
+    band_tiles,
+    cdiv,
+    head_dim_pad,
+    host_descriptors,
+    load_tile,
+    q_tile_program,
+    sequence_desc,
+    store_tile,
+)
 
 
 @triton.jit

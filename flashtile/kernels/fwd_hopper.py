@@ -40,15 +40,25 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                 warpgroup_mma_wait)
-
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.language.core import _aggregate as aggregate
 
-from .. import configs
 from .exact_rows import FROZEN_LIMIT, exact_rows
-from .hopper_common import (GLUON_VERSION_OK, descriptor, register_operand_layout, smem_layout, view, view_layout,
-                            wgmma_layout)
+from .hopper_common import (
+    GLUON_VERSION_OK,
+    descriptor,
+    register_operand_layout,
+    smem_layout,
+    view,
+    view_layout,
+    wgmma_layout,
+)
 from .online_softmax import LN2, LOG2E, online_softmax_step
 from .replay import Replay, Replays, aligned, detach_descriptor, stream_handle
 from .tiles import cdiv, num_sms
