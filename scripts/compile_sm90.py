@@ -209,6 +209,9 @@ def compile_hopper_decode(layout, config=None):
                 config=list(config.__dict__.values()), causal=False, layout=layout)
 
 
+PTX_SINK = None  # a list that _compile_gluon appends (kernel name, PTX) to, where one is set (scripts/ptx_snapshot.py)
+
+
 def _compile_gluon(kernel, args, kwargs):
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -220,6 +223,8 @@ def _compile_gluon(kernel, args, kwargs):
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=TARGET,
                               options=options.__dict__)
     ptx = compiled.asm["ptx"]
+    if PTX_SINK is not None:
+        PTX_SINK.append((kernel.__name__, ptx))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.ptx")
         with open(path, "w") as f:

@@ -23,6 +23,7 @@ rows past a sequence belong to its neighbour, so keys past it are masked and que
 LSE = +inf (P = 0).
 """
 import torch
+import triton
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -34,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.core import _aggregate as aggregate
 
 from .bwd_dq_hopper import backward_descriptors
 from .hopper_common import descriptor, register_operand_layout, view_layout, wgmma_layout
@@ -42,6 +44,47 @@ from .tiles import cdiv
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
 DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+
+
+@aggregate
+class Switches:
+    """What a launch fixes at compile time: the tiles (configs.HopperBwdConfig), the mask, and whether dQ is added in
+    this pass (DQ_REDUCE)."""
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr  # Q rows per step
+    BLOCK_N: gl.constexpr  # keys per program, half to each consumer warpgroup
+    STAGES: gl.constexpr  # Q/dO tiles in the ring
+    CAUSAL: gl.constexpr
+    DQ_REDUCE: gl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE):
+        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = gl.constexpr(HEAD_DIM), gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
+        self.STAGES, self.CAUSAL, self.DQ_REDUCE = gl.constexpr(STAGES), gl.constexpr(CAUSAL), gl.constexpr(DQ_REDUCE)
+
+
+@aggregate
+class Smem:
+    """The program's shared memory: both warpgroups' K and V rows; a ring of Q and dO tiles (ready once loaded, free
+    once both warpgroups are done with them); with DQ_REDUCE, the dSᵀ tiles both warpgroups read for dQ (ready once
+    both stored theirs) and each warpgroup's float32 dQ tile on its way to the copy engine."""
+    q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM]
+    do: gl.shared_memory_descriptor
+    k: gl.shared_memory_descriptor  # [2, BLOCK_N / 2, HEAD_DIM]
+    v: gl.shared_memory_descriptor
+    ds: gl.shared_memory_descriptor  # [2 · buffers, BLOCK_N / 2, BLOCK_M]
+    dq: gl.shared_memory_descriptor  # [buffers, HEAD_DIM, 32]
+    kv_bar: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    do_ready: gl.shared_memory_descriptor
+    q_free: gl.shared_memory_descriptor
+    ds_ready: gl.shared_memory_descriptor
+
+    @triton.constexpr_function
+    def __init__(self, q, do, k, v, ds, dq, kv_bar, q_ready, do_ready, q_free, ds_ready):
+        self.q, self.do, self.k, self.v, self.ds, self.dq = q, do, k, v, ds, dq
+        self.kv_bar, self.q_ready, self.do_ready = kv_bar, q_ready, do_ready
+        self.q_free, self.ds_ready = q_free, ds_ready
 
 
 @builtin
@@ -71,11 +114,15 @@ def _q_tiles(start_n, seqlen_q, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexp
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready,
-                    q_free, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k,
-                    diag, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr):
+def _load_partition(sw, smem, q_desc, k_desc, v_desc, do_desc, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                    k_rows_h, k_col_h, seqlen_q, seqlen_k, diag, group):
     """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn."""
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    STAGES: gl.constexpr = sw.STAGES
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    q_smem, do_smem, k_smem, v_smem = smem.q, smem.do, smem.k, smem.v
+    kv_bar, q_ready, do_ready, q_free = smem.kv_bar, smem.q_ready, smem.do_ready, smem.q_free
     HALF_N: gl.constexpr = BLOCK_N // 2
     start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
@@ -125,13 +172,18 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free,
-              ds_ready, dK, dV,
-              dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-              stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-              diag, group, qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr):
+def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb,
+              stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
+              seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
+    HEAD_DIM: gl.constexpr = sw.HEAD_DIM
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    STAGES: gl.constexpr = sw.STAGES
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    DQ_REDUCE: gl.constexpr = sw.DQ_REDUCE
+    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem = smem.q, smem.do, smem.k, smem.v, smem.ds, smem.dq
+    kv_bar, q_ready, do_ready, q_free, ds_ready = smem.kv_bar, smem.q_ready, smem.do_ready, smem.q_free, smem.ds_ready
     HALF_N: gl.constexpr = BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -236,22 +288,17 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
         mbarrier.init(q_free.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
+    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE)
+    smem = Smem(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready)
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready,
-                     dK, dV, dQacc,
-                     LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                     stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                     seqlen_k, diag, group, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                     DQ_REDUCE)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready,
-                     dK, dV, dQacc,
-                     LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                     stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                     seqlen_k, diag, group, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                     DQ_REDUCE)),
-        (_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready,
-                           do_ready, q_free, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-                           seqlen_q, seqlen_k, diag, group, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_consumer, (0, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
+                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
+                     seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale)),
+        (_consumer, (1, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
+                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
+                     seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale)),
+        (_load_partition, (sw, smem, q_desc, k_desc, v_desc, do_desc, nheads_k, q_rows_b, q_rows_h, q_col_h,
+                           k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, diag, group)),
     ], [4, 1], [REGS, 24])
 
 

@@ -1,11 +1,13 @@
-"""The sm90 forward's PTX for every shipped launch variant, without debug info, to check that a refactor leaves the
-code the GPU runs unchanged (no GPU needed: triton compiles for sm90 here):
+"""The sm90 Gluon kernels' PTX for every shipped launch variant, without debug info, to check that a refactor leaves
+the code the GPU runs unchanged (no GPU needed: triton compiles for sm90 here):
 
-    TRITON_INTERPRET=0 python scripts/fwd_ptx_snapshot.py before.json      # on the old tree
-    TRITON_INTERPRET=0 python scripts/fwd_ptx_snapshot.py after.json --compare before.json
+    TRITON_INTERPRET=0 python scripts/ptx_snapshot.py before.json      # on the old tree
+    TRITON_INTERPRET=0 python scripts/ptx_snapshot.py after.json --compare before.json
 
-Variants: each config of configs.FWD_HOPPER (its ``below`` chain too) at a length inside its range (and past
-persistent_max_seqlen where that is set), bf16 and fp16, batch and packed (varlen).
+The forward: each config of configs.FWD_HOPPER (its ``below`` chain too) at a length inside its range (and past
+persistent_max_seqlen where that is set), bf16 and fp16, batch and packed (varlen). The backward: the dK/dV kernel of
+each head dim and mask in one pass and in two kernels, D=256's split kernel (GQA and MHA), the dQ kernel computing
+delta or reading it. Decoding: the Gluon decode kernel on key- and head-major caches.
 """
 import argparse
 import json
@@ -48,8 +50,31 @@ def compiled_ptx(args, kwargs):
     return code_of(compiled.asm["ptx"])
 
 
-def snapshot():
+def backward_and_decode():
+    """{name: PTX} of the backward and decode kernels, through compile_sm90's functions."""
+    sink = compile_sm90.PTX_SINK = []
+    jobs = []
+    for (head_dim, causal), config in configs.BWD_HOPPER.items():
+        if config.split_gradients:
+            jobs += [(f"split D={head_dim} causal={causal} kv_heads={h}", compile_sm90.compile_hopper_split,
+                      (causal, h, head_dim)) for h in (2, 8)]
+        else:
+            jobs += [(f"dkdv D={head_dim} causal={causal} one_pass={one}", compile_sm90.compile_hopper_bwd,
+                      (causal, one, head_dim)) for one in (False, True)]
+        jobs += [(f"dq D={head_dim} causal={causal} delta_in={d}", compile_sm90.compile_hopper_dq,
+                  (causal, None, head_dim, d)) for d in (False, True)]
+    jobs += [(f"decode layout={layout}", compile_sm90.compile_hopper_decode, (layout, )) for layout in ("key", "head")]
     out = {}
+    for name, function, args in jobs:
+        function(*args)
+        out[name] = code_of(sink.pop()[1])
+        print(name, len(out[name]), flush=True)
+    compile_sm90.PTX_SINK = None
+    return out
+
+
+def snapshot():
+    out = backward_and_decode()
     for (head_dim, causal), top in configs.FWD_HOPPER.items():
         for i, cfg in enumerate(configs.hopper_fwd_chain(top)):
             lengths = {max(cfg.min_seqlen_q, 1024) + 512}
