@@ -11,13 +11,54 @@ stay and Q/dO stream.
 Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout).
 """
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.language.core import _aggregate as aggregate
 
 from .hopper_common import descriptor, register_operand_layout, smem_layout, view, view_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
+
+
+@aggregate
+class Switches:
+    """What a backward launch fixes at compile time: the tiles (configs.HopperDqConfig, HopperBwdConfig), the mask;
+    for the dQ kernel whether delta comes given (DELTA_IN) or is computed here, for the dK/dV kernel
+    (kernels/bwd_hopper.py) whether it also adds dQ (DQ_REDUCE)."""
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr  # Q rows: per program (dQ, half to each consumer warpgroup), per step (dK/dV)
+    BLOCK_N: gl.constexpr  # keys: per K/V tile (dQ), per program (dK/dV, half to each consumer warpgroup)
+    STAGES: gl.constexpr  # tiles in the ring: K/V (dQ), Q/dO (dK/dV)
+    CAUSAL: gl.constexpr
+    DELTA_IN: gl.constexpr
+    DQ_REDUCE: gl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN=False, DQ_REDUCE=False):
+        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = gl.constexpr(HEAD_DIM), gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
+        self.STAGES, self.CAUSAL = gl.constexpr(STAGES), gl.constexpr(CAUSAL)
+        self.DELTA_IN, self.DQ_REDUCE = gl.constexpr(DELTA_IN), gl.constexpr(DQ_REDUCE)
+
+
+@aggregate
+class Smem:
+    """The program's shared memory: each warpgroup's Q and dO rows (loaded once: q_bar), the ring of K/V tiles (ready
+    once loaded, free once both warpgroups are done with them)."""
+    q: gl.shared_memory_descriptor  # [2, BLOCK_M / 2, HEAD_DIM]
+    do: gl.shared_memory_descriptor
+    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
+    v: gl.shared_memory_descriptor
+    q_bar: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    kv_free: gl.shared_memory_descriptor
+
+    @triton.constexpr_function
+    def __init__(self, q, do, k, v, q_bar, k_ready, v_ready, kv_free):
+        self.q, self.do, self.k, self.v = q, do, k, v
+        self.q_bar, self.k_ready, self.v_ready, self.kv_free = q_bar, k_ready, v_ready, kv_free
 
 
 @gluon.jit
@@ -42,12 +83,16 @@ def _program(nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, se
 
 
 @gluon.jit
-def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                    kv_free, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
-                    seqlen_k, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr):
+def _load_partition(sw, smem, q_desc, do_desc, k_desc, v_desc, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b,
+                    k_rows_h, k_col_h, seqlen_q, seqlen_k, diag):
     """One warp: each consumer's Q and dO rows once, then K and V of each tile into the next ring stage once
     both consumers freed it."""
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    STAGES: gl.constexpr = sw.STAGES
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    q_smem, do_smem, k_smem, v_smem = smem.q, smem.do, smem.k, smem.v
+    q_bar, k_ready, v_ready, kv_free = smem.q_bar, smem.k_ready, smem.v_ready, smem.kv_free
     HALF_M: gl.constexpr = BLOCK_M // 2
     start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
         nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
@@ -82,13 +127,19 @@ def _row_delta(O, do_tile, o_offset, stride_on, rows_start, seqlen_q, HALF_M: gl
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE,
-              Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh,
-              stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale,
-              softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN: gl.constexpr):
+def _consumer(half: gl.constexpr, sw, smem, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
+              stride_ob, stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q,
+              seqlen_k, diag, qk_scale, softmax_scale):
     """One warpgroup, rows [start_m + half·64, +64): delta (or, DELTA_IN, its given value), then dQ over every K/V
     tile they may see."""
+    HEAD_DIM: gl.constexpr = sw.HEAD_DIM
+    BLOCK_M: gl.constexpr = sw.BLOCK_M
+    BLOCK_N: gl.constexpr = sw.BLOCK_N
+    STAGES: gl.constexpr = sw.STAGES
+    CAUSAL: gl.constexpr = sw.CAUSAL
+    DELTA_IN: gl.constexpr = sw.DELTA_IN
+    q_smem, do_smem, k_smem, v_smem = smem.q, smem.do, smem.k, smem.v
+    q_bar, k_ready, v_ready, kv_free = smem.q_bar, smem.k_ready, smem.v_ready, smem.kv_free
     HALF_M: gl.constexpr = BLOCK_M // 2
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -163,18 +214,17 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_free.index(i), count=2)
+    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)
+    smem = Smem(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free)
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE, Delta, nheads,
-                     group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_dqb,
-                     stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free, O, dQ, LSE, Delta, nheads,
-                     group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_dqb,
-                     stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale, softmax_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)),
-        (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                           kv_free, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-                           seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_consumer, (0, sw, smem, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob,
+                     stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                     seqlen_k, diag, qk_scale, softmax_scale)),
+        (_consumer, (1, sw, smem, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob,
+                     stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                     seqlen_k, diag, qk_scale, softmax_scale)),
+        (_load_partition, (sw, smem, q_desc, do_desc, k_desc, v_desc, nheads, group, q_rows_b, q_rows_h, q_col_h,
+                           k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, diag)),
     ], [4, 1], [REGS, 24])
     # Released only here, so that no partition's scratch (delta's layout change) is placed in a barrier's bytes while
     # another partition may still wait on it: the allocator sees a barrier live up to its last use in the kernel.

@@ -37,30 +37,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from .bwd_dq_hopper import backward_descriptors
+from .bwd_dq_hopper import Switches, backward_descriptors
 from .hopper_common import descriptor, register_operand_layout, view_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
 DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-
-
-@aggregate
-class Switches:
-    """What a launch fixes at compile time: the tiles (configs.HopperBwdConfig), the mask, and whether dQ is added in
-    this pass (DQ_REDUCE)."""
-    HEAD_DIM: gl.constexpr
-    BLOCK_M: gl.constexpr  # Q rows per step
-    BLOCK_N: gl.constexpr  # keys per program, half to each consumer warpgroup
-    STAGES: gl.constexpr  # Q/dO tiles in the ring
-    CAUSAL: gl.constexpr
-    DQ_REDUCE: gl.constexpr
-
-    @triton.constexpr_function
-    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE):
-        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = gl.constexpr(HEAD_DIM), gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
-        self.STAGES, self.CAUSAL, self.DQ_REDUCE = gl.constexpr(STAGES), gl.constexpr(CAUSAL), gl.constexpr(DQ_REDUCE)
 
 
 @aggregate
@@ -288,7 +271,7 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
         mbarrier.init(q_free.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
-    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE)
+    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE)
     smem = Smem(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready)
     gl.warp_specialize([
         (_consumer, (0, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
