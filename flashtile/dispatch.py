@@ -6,26 +6,29 @@ from dataclasses import replace
 from . import configs
 
 
-def _portable(prefix, head_dim_pad, causal, itemsize, arch, interpreter):
-    """The portable kernel's config from configs' tables ``prefix``_INTERPRETER, _FP32 (by head dim), _SM90 (by head
-    dim and causal flag) and _GENERIC (by head dim): the first that applies, in that order."""
+def _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter):
+    """The portable kernel's config from ``tables`` (interpreter, float32 by head dim, sm90 by head dim and causal
+    flag, any other GPU by head dim): the first that applies, in that order."""
+    interpreter_config, fp32, sm90, generic = tables
     if interpreter:
-        return getattr(configs, prefix + "_INTERPRETER")
+        return interpreter_config
     if itemsize == 4:
-        return getattr(configs, prefix + "_FP32")[head_dim_pad]
+        return fp32[head_dim_pad]
     if arch == (9, 0):
-        return getattr(configs, prefix + "_SM90")[(head_dim_pad, causal)]
-    return getattr(configs, prefix + "_GENERIC")[head_dim_pad]
+        return sm90[(head_dim_pad, causal)]
+    return generic[head_dim_pad]
 
 
 def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     """The portable forward's tiles for a padded head dim, causal flag, element size and (major, minor) arch."""
-    return _portable("FWD", head_dim_pad, causal, itemsize, arch, interpreter)
+    tables = (configs.FWD_INTERPRETER, configs.FWD_FP32, configs.FWD_SM90, configs.FWD_GENERIC)
+    return _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter)
 
 
 def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     """The portable backward's tiles, chosen as fwd_config's."""
-    return _portable("BWD", head_dim_pad, causal, itemsize, arch, interpreter)
+    tables = (configs.BWD_INTERPRETER, configs.BWD_FP32, configs.BWD_SM90, configs.BWD_GENERIC)
+    return _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter)
 
 
 def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):

@@ -155,7 +155,7 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     delta = None
     if dlse is not None:
         seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
-        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q) - dlse
+        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, config, delta=delta, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))

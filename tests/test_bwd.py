@@ -345,6 +345,25 @@ def test_dq_programs_that_write_delta(causal):
                    delta=delta, write_delta=True)
 
 
+def test_preprocess_subtracts_the_lse_gradient():
+    """launch_preprocess(..., dlse=): delta − dLSE in the same launch, whatever strides the gradient comes with (a
+    transposed one, an expanded one with stride 0), batch and packed."""
+    from flashtile.kernels.bwd import launch_preprocess
+    out, dout = (randn(2, 77, 4, 64, dtype=torch.float16) for _ in range(2))
+    lse = torch.randn(2, 4, 77, device=DEVICE)
+    delta = launch_preprocess(out, dout, lse, None, 77)
+    transposed = torch.randn(2, 77, 4, device=DEVICE).transpose(1, 2)
+    for dlse in (transposed, torch.randn(4, 1, device=DEVICE).expand(2, 4, 77)):
+        torch.testing.assert_close(launch_preprocess(out, dout, lse, None, 77, dlse=dlse), delta - dlse)
+    cu = torch.tensor([0, 30, 77], dtype=torch.int32, device=DEVICE)
+    packed_out, packed_dout = out[0], dout[0]
+    packed_lse = torch.randn(4, 77, device=DEVICE)
+    packed_delta = launch_preprocess(packed_out, packed_dout, packed_lse, cu, 47)
+    dlse = torch.randn(77, 4, device=DEVICE).t()
+    torch.testing.assert_close(launch_preprocess(packed_out, packed_dout, packed_lse, cu, 47, dlse=dlse),
+                               packed_delta - dlse)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
 def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     """The launches around the sm90 single-pass backward: the preprocess writes delta and zeros over every row of

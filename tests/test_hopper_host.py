@@ -302,9 +302,12 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper, bwd_split_hopper
     calls = []
 
+    preprocessed = []
+
     def preprocess(*args, **kwargs):
         calls.append(("preprocess", args, kwargs))
-        return torch.zeros(args[2].shape)
+        preprocessed.append(torch.zeros(args[2].shape))
+        return preprocessed[-1]
     monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
     monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
                         _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
@@ -324,8 +327,8 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     assert calls[-2][2]["DELTA_IN"] == dlse and calls[-2][2]["BLOCK_N"] == config.dq_hopper.block_n
     named = dict(zip(bwd_split_hopper.flash_bwd_dkdv_split_kernel.arg_names, calls[-1][1]))
     assert named["Delta"] is dq_named["Delta"] and named["dK"] is grads[1] and named["dV"] is grads[2]
-    if dlse:
-        torch.testing.assert_close(named["Delta"], -dlse_t)  # the preprocess's delta (zeros here) minus dLSE
+    if dlse:  # the preprocess launch subtracts dLSE itself; its delta is what the kernels read
+        assert calls[0][2]["dlse"] is dlse_t and named["Delta"] is preprocessed[0]
     assert named["group"] == 4 and named["nheads_k"] == 2 and named["seqlen_k"] == 300
     assert calls[-1][2]["CAUSAL"] == causal and calls[-1][2]["BLOCK_N"] == config.block_n == 64
 

@@ -35,12 +35,13 @@ def _row_dot(o, do):
 
 
 @triton.jit
-def bwd_preprocess_kernel(O, dO, Delta, dQacc, cu_seqlens_q, stride_ob, stride_on, stride_oh, stride_db, stride_dn,
-                          stride_dh, stride_lb, stride_lh, stride_zb, stride_zn, stride_zh, zero_rows, seqlen_q, nheads,
-                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                          IS_VARLEN: tl.constexpr, ZERO_DQ: tl.constexpr):
-    """delta of BLOCK_M rows of one head; with ZERO_DQ, also zeros for the same rows (up to zero_rows) of the
-    float32 dQ that atomics add into after."""
+def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, stride_ob, stride_on, stride_oh, stride_db,
+                          stride_dn, stride_dh, stride_lb, stride_lh, stride_xb, stride_xh, stride_xn, stride_zb,
+                          stride_zn, stride_zh, zero_rows, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
+                          HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+                          HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr):
+    """delta of BLOCK_M rows of one head, minus the LSE's gradient with HAS_DLSE; with ZERO_DQ, also zeros for the
+    same rows (up to zero_rows) of the float32 dQ that atomics add into after."""
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads).to(tl.int64)
     h = (pid_bh % nheads).to(tl.int64)
@@ -52,6 +53,8 @@ def bwd_preprocess_kernel(O, dO, Delta, dQacc, cu_seqlens_q, stride_ob, stride_o
     o = tl.load(O + b * stride_ob + rows[:, None] * stride_on + h * stride_oh + offs_d[None, :], mask=mask)
     do = tl.load(dO + b * stride_db + rows[:, None] * stride_dn + h * stride_dh + offs_d[None, :], mask=mask)
     delta = _row_dot(o, do)  # [BLOCK_M]
+    if HAS_DLSE:
+        delta -= tl.load(dLSE + b * stride_xb + h * stride_xh + rows * stride_xn, mask=offs_m < seqlen_q)
     tl.store(Delta + b * stride_lb + h * stride_lh + rows, delta, mask=offs_m < seqlen_q)
     if ZERO_DQ:
         tl.store(dQacc + b * stride_zb + offs_m[:, None] * stride_zn + h * stride_zh + offs_d[None, :],
@@ -304,21 +307,25 @@ def flash_bwd_kernel(
                     DELTA_HERE, SOFTCAP, HAS_ALIBI)
 
 
-def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None):
-    """delta = rowsum(dO ∘ O), shaped like lse; with ``zeroed`` (batch mode, a shape (batch, nheads, rows,
-    head_dim_pad)), (delta, a float32 tensor of that shape filled with zeros by the same launch)."""
+def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None):
+    """delta = rowsum(dO ∘ O) (minus ``dlse``, the LSE's gradient, where given), shaped like lse; with ``zeroed``
+    (batch mode, a shape (batch, nheads, rows, head_dim_pad)), (delta, a float32 tensor of that shape filled with
+    zeros by the same launch)."""
     nheads, head_dim = out.shape[-2], out.shape[-1]
     is_varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
     lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
+    dlse_strides = (0, 0, 0)
+    if dlse is not None:  # any strides autograd hands over (an expanded gradient has zeros)
+        dlse_strides = (0, *dlse.stride()) if is_varlen else dlse.stride()
     delta = torch.empty_like(lse)
     zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
     zero_rows = 0 if zeros is None else zeros.shape[2]
     bwd_preprocess_kernel[(cdiv(max(seqlen_q, zero_rows), 64), batch * nheads)](
-        out, dout, delta, zeros, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides,
+        out, dout, delta, dlse, zeros, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, *dlse_strides,
         *((zeros.stride(0), zeros.stride(2), zeros.stride(1)) if zeros is not None else (0, 0, 0)), zero_rows,
-        seqlen_q, nheads, HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen, ZERO_DQ=zeros is not None)
+        seqlen_q, nheads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen,
+        HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None)
     return delta if zeros is None else (delta, zeros)
 
 

@@ -87,30 +87,25 @@ def _load_partition(sw, smem, q_desc, do_desc, k_desc, v_desc, nheads, group, q_
                     k_rows_h, k_col_h, seqlen_q, seqlen_k, diag):
     """One warp: each consumer's Q and dO rows once, then K and V of each tile into the next ring stage once
     both consumers freed it."""
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    STAGES: gl.constexpr = sw.STAGES
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    q_smem, do_smem, k_smem, v_smem = smem.q, smem.do, smem.k, smem.v
-    q_bar, k_ready, v_ready, kv_free = smem.q_bar, smem.k_ready, smem.v_ready, smem.kv_free
-    HALF_M: gl.constexpr = BLOCK_M // 2
+    HALF_M: gl.constexpr = sw.BLOCK_M // 2
     start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
-        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.BLOCK_N,
+        sw.CAUSAL)
     for i in gl.static_range(2):
-        mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * HALF_M, h * q_col_h], q_bar.index(i),
-                                        q_smem.index(i))
-        tma.async_copy_global_to_shared(do_desc, [q_row + start_m + i * HALF_M, h * q_col_h], q_bar.index(i),
-                                        do_smem.index(i))
+        mbarrier.expect(smem.q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * HALF_M, h * q_col_h], smem.q_bar.index(i),
+                                        smem.q.index(i))
+        tma.async_copy_global_to_shared(do_desc, [q_row + start_m + i * HALF_M, h * q_col_h], smem.q_bar.index(i),
+                                        smem.do.index(i))
     for j in range(n_tiles):
-        stage = j % STAGES
-        mbarrier.wait(kv_free.index(stage), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, h_k * k_col_h], k_ready.index(stage),
-                                        k_smem.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, h_k * k_col_h], v_ready.index(stage),
-                                        v_smem.index(stage))
+        stage = j % sw.STAGES
+        mbarrier.wait(smem.kv_free.index(stage), ((j // sw.STAGES) & 1) ^ 1)
+        mbarrier.expect(smem.k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, h_k * k_col_h], smem.k_ready.index(stage),
+                                        smem.k.index(stage))
+        mbarrier.expect(smem.v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, h_k * k_col_h], smem.v_ready.index(stage),
+                                        smem.v.index(stage))
 
 
 @gluon.jit
@@ -132,61 +127,54 @@ def _consumer(half: gl.constexpr, sw, smem, O, dQ, LSE, Delta, nheads, group, q_
               seqlen_k, diag, qk_scale, softmax_scale):
     """One warpgroup, rows [start_m + half·64, +64): delta (or, DELTA_IN, its given value), then dQ over every K/V
     tile they may see."""
-    HEAD_DIM: gl.constexpr = sw.HEAD_DIM
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    STAGES: gl.constexpr = sw.STAGES
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    DELTA_IN: gl.constexpr = sw.DELTA_IN
-    q_smem, do_smem, k_smem, v_smem = smem.q, smem.do, smem.k, smem.v
-    q_bar, k_ready, v_ready, kv_free = smem.q_bar, smem.k_ready, smem.v_ready, smem.kv_free
-    HALF_M: gl.constexpr = BLOCK_M // 2
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
-    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    HALF_M: gl.constexpr = sw.BLOCK_M // 2
+    s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_N)
+    acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
-    dtype: gl.constexpr = q_smem.dtype
+    dtype: gl.constexpr = smem.q.dtype
     start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
-        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.BLOCK_N,
+        sw.CAUSAL)
     rows_start = start_m + half * HALF_M
     offs_m = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M] rows
     row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
     # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
     lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
-    q_half = q_smem.index(half)
-    do_half = do_smem.index(half)
-    mbarrier.wait(q_bar.index(half), 0)
-    if DELTA_IN:  # delta − dLSE, from the preprocess launch
+    q_half = smem.q.index(half)
+    do_half = smem.do.index(half)
+    mbarrier.wait(smem.q_bar.index(half), 0)
+    if sw.DELTA_IN:  # delta − dLSE, from the preprocess launch
         delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
     else:
         delta = _row_delta(O, do_half, b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh, stride_on,
-                           rows_start, seqlen_q, HALF_M, HEAD_DIM, gl.SliceLayout(1, s_layout))
+                           rows_start, seqlen_q, HALF_M, sw.HEAD_DIM, gl.SliceLayout(1, s_layout))
         gl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
-    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
-    dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_zero = gl.zeros([HALF_M, sw.BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([HALF_M, sw.HEAD_DIM], gl.float32, layout=acc_layout)
     for j in range(n_tiles):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        k_tile = k_smem.index(stage)
-        mbarrier.wait(k_ready.index(stage), phase)
+        stage = j % sw.STAGES
+        phase = (j // sw.STAGES) & 1
+        k_tile = smem.k.index(stage)
+        mbarrier.wait(smem.k_ready.index(stage), phase)
         s = warpgroup_mma(q_half, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(stage), phase)
-        dp = warpgroup_mma(do_half, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(smem.v_ready.index(stage), phase)
+        dp = warpgroup_mma(do_half, smem.v.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))  # [HALF_M, BLOCK_N]
         p = gl.exp2(s * qk_scale - lse[:, None])
         if j >= n_full:  # keys past the sequence, or (causal) past the diagonal
-            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            offs_n = j * sw.BLOCK_N + gl.arange(0, sw.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             ok = offs_n[None, :] < seqlen_k
-            if CAUSAL:
+            if sw.CAUSAL:
                 ok = ok & (offs_n[None, :] <= (offs_m + diag)[:, None])
             p = gl.where(ok, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=(dp, ))  # [HALF_M, BLOCK_N]
         ds = p * (dp - delta[:, None])
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k_tile, dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        mbarrier.arrive(kv_free.index(stage))
+        mbarrier.arrive(smem.kv_free.index(stage))
 
     rows = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     dq_base = dQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + rows_start.to(gl.int64) * stride_dqn
     gl.store(dq_base + (rows - rows_start)[:, None] * stride_dqn + cols[None, :], (dq * softmax_scale).to(dtype),
              mask=(rows < seqlen_q)[:, None])

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from .bwd_dq_hopper import Switches, backward_descriptors
-from .hopper_common import descriptor, register_operand_layout, view_layout, wgmma_layout
+from .hopper_common import descriptor, register_operand_layout, store_rows, view_layout, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 
@@ -100,30 +100,24 @@ def _q_tiles(start_n, seqlen_q, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexp
 def _load_partition(sw, smem, q_desc, k_desc, v_desc, do_desc, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                     k_rows_h, k_col_h, seqlen_q, seqlen_k, diag, group):
     """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn."""
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    STAGES: gl.constexpr = sw.STAGES
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    q_smem, do_smem, k_smem, v_smem = smem.q, smem.do, smem.k, smem.v
-    kv_bar, q_ready, do_ready, q_free = smem.kv_bar, smem.q_ready, smem.do_ready, smem.q_free
-    HALF_N: gl.constexpr = BLOCK_N // 2
-    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    HALF_N: gl.constexpr = sw.BLOCK_N // 2
+    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, sw.BLOCK_N)
+    mbarrier.expect(smem.kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], kv_bar,
-                                        k_smem.index(i))
-        tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], kv_bar,
-                                        v_smem.index(i))
-    lo, hi = _q_tiles(start_n, seqlen_q, diag, BLOCK_M, CAUSAL)
+        tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], smem.kv_bar,
+                                        smem.k.index(i))
+        tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], smem.kv_bar,
+                                        smem.v.index(i))
+    lo, hi = _q_tiles(start_n, seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * group + t // (hi - lo)
-        row = b * q_rows_b + h * q_rows_h + (lo + t % (hi - lo)) * BLOCK_M
-        stage = t % STAGES
-        mbarrier.wait(q_free.index(stage), ((t // STAGES) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, h * q_col_h], q_ready.index(stage), q_smem.index(stage))
-        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, h * q_col_h], do_ready.index(stage), do_smem.index(stage))
+        row = b * q_rows_b + h * q_rows_h + (lo + t % (hi - lo)) * sw.BLOCK_M
+        stage = t % sw.STAGES
+        mbarrier.wait(smem.q_free.index(stage), ((t // sw.STAGES) & 1) ^ 1)
+        mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, h * q_col_h], smem.q_ready.index(stage), smem.q.index(stage))
+        mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, h * q_col_h], smem.do_ready.index(stage), smem.do.index(stage))
 
 
 @gluon.jit
@@ -159,54 +153,46 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k,
               stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
               seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
-    HEAD_DIM: gl.constexpr = sw.HEAD_DIM
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    STAGES: gl.constexpr = sw.STAGES
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    DQ_REDUCE: gl.constexpr = sw.DQ_REDUCE
-    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem = smem.q, smem.do, smem.k, smem.v, smem.ds, smem.dq
-    kv_bar, q_ready, do_ready, q_free, ds_ready = smem.kv_bar, smem.q_ready, smem.do_ready, smem.q_free, smem.ds_ready
-    HALF_N: gl.constexpr = BLOCK_N // 2
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2
+    HALF_N: gl.constexpr = sw.BLOCK_N // 2
+    s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
+    DQ_COLS: gl.constexpr = sw.HEAD_DIM // 2
     dq_layout: gl.constexpr = wgmma_layout(DQ_COLS)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
-    dtype: gl.constexpr = q_smem.dtype
-    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N)
+    dtype: gl.constexpr = smem.q.dtype
+    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, sw.BLOCK_N)
     first_key = start_n + half * HALF_N
     last_key = first_key + HALF_N - 1
-    k_half = k_smem.index(half)
-    v_half = v_smem.index(half)
+    k_half = smem.k.index(half)
+    v_half = smem.v.index(half)
     offs_n = first_key + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))  # [HALF_N] keys
-    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
-    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
-    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
-    if DQ_REDUCE:
-        gl.static_assert((BLOCK_M == 64) & (DQ_COLS % 32 == 0), "_dq_reduce's tile order: 64 rows, 32k columns")
-    mbarrier.wait(kv_bar, 0)
-    lo, hi = _q_tiles(start_n, seqlen_q, diag, BLOCK_M, CAUSAL)
+    s_zero = gl.zeros([HALF_N, sw.BLOCK_M], gl.float32, layout=s_layout)
+    dk = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
+    dq_zero = gl.zeros([sw.BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    if sw.DQ_REDUCE:
+        gl.static_assert((sw.BLOCK_M == 64) & (DQ_COLS % 32 == 0), "_dq_reduce's tile order: 64 rows, 32k columns")
+    mbarrier.wait(smem.kv_bar, 0)
+    lo, hi = _q_tiles(start_n, seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
         h = h_k * group + t // (hi - lo)
         row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-        stage = t % STAGES
-        phase = (t // STAGES) & 1
-        q_tile = q_smem.index(stage)
-        do_tile = do_smem.index(stage)
-        offs_m = (lo + t % (hi - lo)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        mbarrier.wait(q_ready.index(stage), phase)
+        stage = t % sw.STAGES
+        phase = (t // sw.STAGES) & 1
+        q_tile = smem.q.index(stage)
+        do_tile = smem.do.index(stage)
+        offs_m = (lo + t % (hi - lo)) * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        mbarrier.wait(smem.q_ready.index(stage), phase)
         s_t = warpgroup_mma(k_half, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(stage), phase)
+        mbarrier.wait(smem.do_ready.index(stage), phase)
         dp_t = warpgroup_mma(v_half, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
         lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
         delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         s_t = warpgroup_mma_wait(1, deps=(s_t, ))  # [HALF_N, BLOCK_M]
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
-        if CAUSAL:
-            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * BLOCK_M + diag):  # the diagonal, the end
+        if sw.CAUSAL:
+            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # the diagonal, the end
                 ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
         else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
@@ -214,32 +200,25 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k,
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
-        if DQ_REDUCE:  # dQ = dS K over both warpgroups' keys; this one takes columns [half·DQ_COLS, +DQ_COLS)
-            ds_smem.index((t % 2) * 2 + half).store(ds_t)  # rewritten two steps on, after both read it
+        if sw.DQ_REDUCE:  # dQ = dS K over both warpgroups' keys; this one takes columns [half·DQ_COLS, +DQ_COLS)
+            smem.ds.index((t % 2) * 2 + half).store(ds_t)  # rewritten two steps on, after both read it
             fence_async_shared()
             gl.thread_barrier()
-            mbarrier.arrive(ds_ready.index(t % 2))
-            dq = _dq_products(ds_smem, k_smem, ds_ready, t, half, dq_zero, DQ_COLS)
+            mbarrier.arrive(smem.ds_ready.index(t % 2))
+            dq = _dq_products(smem.ds, smem.k, smem.ds_ready, t, half, dq_zero, DQ_COLS)
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dq: [BLOCK_M, DQ_COLS], handed on under dK's product
-            tile_row = b * stride_dqb + h * stride_dqh + (lo + t % (hi - lo)) * (BLOCK_M * HEAD_DIM // 32)
-            _dq_reduce(dq, dq_smem, dQacc, tile_row + half * 2 * DQ_COLS, half)
+            tile_row = b * stride_dqb + h * stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
+            _dq_reduce(dq, smem.dq, dQacc, tile_row + half * 2 * DQ_COLS, half)
             dk = warpgroup_mma_wait(0, deps=(dk, ))
         else:
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-        mbarrier.arrive(q_free.index(stage))
-    if DQ_REDUCE:
+        mbarrier.arrive(smem.q_free.index(stage))
+    if sw.DQ_REDUCE:
         tma.store_wait(0)
-
-    # 32-bit offsets from a 64-bit base per tile: a [64, 128] tensor of 64-bit pointers alone is 128 registers
-    rows = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    keep = (first_key + rows < seqlen_k)[:, None]
-    dk_base = dK + b.to(gl.int64) * stride_dkb + h_k.to(gl.int64) * stride_dkh + first_key.to(gl.int64) * stride_dkn
-    gl.store(dk_base + rows[:, None] * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=keep)
-    dv_base = dV + b.to(gl.int64) * stride_dvb + h_k.to(gl.int64) * stride_dvh + first_key.to(gl.int64) * stride_dvn
-    gl.store(dv_base + rows[:, None] * stride_dvn + cols[None, :], dv.to(dtype), mask=keep)
+    store_rows(dk * softmax_scale, dK, b, h_k, first_key, seqlen_k, stride_dkb, stride_dkn, stride_dkh, acc_layout)
+    store_rows(dv, dV, b, h_k, first_key, seqlen_k, stride_dvb, stride_dvn, stride_dvh, acc_layout)
 
 
 @gluon.jit
@@ -347,22 +326,20 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     its rows in place of a preprocess launch (the portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon
     dQ kernel with ``config.dq_hopper``), then dK and dV (here, or by kernels/bwd_split_hopper.py with
     ``config.split_gradients``). ``config`` a configs.HopperBwdConfig. ``dlse``, the LSE's gradient (or None), enters as
-    delta − dlse, which a preprocess launch then computes for either design."""
+    delta − dlse, which the preprocess launch computes in one pass for either design."""
     from .. import configs
     from .bwd import launch_bwd, launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
-        delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config))
-        if dlse is not None:
-            delta = delta - dlse
+        delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config), dlse=dlse)
         grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right,
                                          config, dq_acc)
         flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
         launch_dq_cast(dq_acc, dq, softmax_scale)
         return
     delta_in = dlse is not None
-    delta = launch_preprocess(out, dout, lse, None, q.shape[1]) - dlse if delta_in else torch.empty_like(lse)
+    delta = launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in else torch.empty_like(lse)
     if config.dq_hopper is not None:
         from .bwd_dq_hopper import launch_dq_hopper
         launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,

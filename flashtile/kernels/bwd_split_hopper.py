@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.language.core import _aggregate as aggregate
 
 from .bwd_dq_hopper import backward_descriptors
-from .hopper_common import register_operand_layout, wgmma_layout
+from .hopper_common import register_operand_layout, store_rows, wgmma_layout
 from .online_softmax import LOG2E
 from .tiles import cdiv
 
@@ -118,17 +118,6 @@ def _int(x):
 
 
 @gluon.jit
-def _store_rows(acc, Out, b, h_k, start_n, seqlen_k, stride_b, stride_n, stride_h, layout: gl.constexpr):
-    """A [BLOCK_N, HEAD_DIM] gradient tile in Out's dtype, rows past seqlen_k left alone (32-bit offsets from a 64-bit
-    base: a tile of 64-bit pointers would take a register each)."""
-    rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-    base = Out + b.to(gl.int64) * stride_b + h_k.to(gl.int64) * stride_h + start_n.to(gl.int64) * stride_n
-    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc.to(Out.dtype.element_ty),
-             mask=(start_n + rows < seqlen_k)[:, None])
-
-
-@gluon.jit
 def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
     """One warp: K and V once, then Q and dO of every (query head, Q tile) in turn."""
     start_n, b, h_k = pb.program()
@@ -188,7 +177,7 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
                            is_async=True)
         dv = warpgroup_mma_wait(0, deps=(dv, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    _store_rows(dv, dV, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+    store_rows(dv, dV, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
 
 
 @gluon.jit
@@ -219,7 +208,7 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
                            is_async=True)
         dk = warpgroup_mma_wait(0, deps=(dk, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    _store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+    store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
 
 
 @gluon.jit

@@ -2,7 +2,7 @@
 
 With FROZEN_MAX each K/V tile after an item's first is exponentiated against a reference that moves up only
 every few tiles, so P may exceed 1. That is exact in floating point as long as nothing overflows; O or a row sum
-that is not finite (a score some 80 log2 units above everything before it, or inf / NaN in the inputs) sends the
+that is not finite (a score some 100 log2 units above everything before it, or inf / NaN in the inputs) sends the
 warpgroup's 64 rows here:
 the plain online softmax (online_softmax_step, each tile's own maxima), with pointer loads and mma.sync from
 global memory. It runs rarely, so it is written to be read, not to be fast.
@@ -12,8 +12,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .online_softmax import LN2, online_softmax_step
-
-FROZEN_LIMIT = gl.constexpr(2.0**64)  # a row sum at or past this (or not finite) falls back
 
 
 @gluon.jit

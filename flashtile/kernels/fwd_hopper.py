@@ -27,7 +27,7 @@ against the tile's own row maxima, so a step has no row maximum, no rescaling of
 exceed 1, which floating point carries exactly until something overflows. The reference starts at the first tile's
 row maxima; at every eighth tile, rows whose sum has reached 2^16 move it up by ⌊log2 l⌋ and scale O and l by that
 power of two (_rebase), so scores that rise along the keys cost what random ones do. Only a score more than about
-80 log2 units above everything before it overflows float32: a warpgroup whose O or row sums are then not finite
+100 log2 units above everything before it overflows float32: a warpgroup whose O or row sums are then not finite
 stores nothing and queues its rows in ``counter``; once every program is done, the launch's last one recomputes
 them exactly (kernels/exact_rows.py).
 
@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from .exact_rows import FROZEN_LIMIT, exact_rows
+from .exact_rows import exact_rows
 from .hopper_common import (
     GLUON_VERSION_OK,
     descriptor,
@@ -254,34 +254,32 @@ def _claimed(code_smem, q_bar, wg: gl.constexpr, done):
 
 
 @gluon.jit
-def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free,
-               code_smem, code, counter, claim, claimed, n_work, g, done, start_m, h, q_row, k_row, n_tiles, q_col_h,
-               k_col_h, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               SCHEDULE: gl.constexpr):
+def _load_item(sw, ring, q_desc, k_desc, v_desc, code, counter, claim, claimed, n_work, g, done, start_m, h, q_row,
+               k_row, n_tiles, q_col_h, k_col_h, group):
     """One item: each consumer's Q rows once that consumer freed the previous ones (SCHEDULE 3: with the tile's
     code), then K and V of each tile into the next ring stage, each once every consumer freed its own. With
     ``claim``, the next item's number is claimed from ``counter`` after the first tile's loads, where the loader
     would wait for a free stage anyway (the atomic's round trip, ~1 µs, at the start of an item delays its
     loads); returns (g, claimed)."""
-    for i in gl.static_range(BLOCK_M // WG_M):
-        mbarrier.wait(q_free.index(i), (done & 1) ^ 1)
-        if SCHEDULE == 3:
-            code_smem.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-        mbarrier.expect(q_bar.index(i), q_desc.block_type.nbytes)
+    for i in gl.static_range(sw.BLOCK_M // WG_M):
+        mbarrier.wait(ring.q_free.index(i), (done & 1) ^ 1)
+        if sw.SCHEDULE == 3:
+            ring.code.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+        mbarrier.expect(ring.q_bar.index(i), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0], h * q_col_h],
-                                        q_bar.index(i), q_smem.index(i))
+                                        ring.q_bar.index(i), ring.q.index(i))
     for j in range(n_tiles):
-        stage = g % STAGES
-        mbarrier.wait(k_free.index(stage), ((g // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
-                                        k_ready.index(stage), k_smem.index(stage))
-        mbarrier.wait(v_free.index(stage), ((g // STAGES) & 1) ^ 1)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, (h // group) * k_col_h],
-                                        v_ready.index(stage), v_smem.index(stage))
+        stage = g % sw.STAGES
+        mbarrier.wait(ring.k_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
+        mbarrier.expect(ring.k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, (h // group) * k_col_h],
+                                        ring.k_ready.index(stage), ring.k.index(stage))
+        mbarrier.wait(ring.v_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
+        mbarrier.expect(ring.v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, (h // group) * k_col_h],
+                                        ring.v_ready.index(stage), ring.v.index(stage))
         g += 1
-        if SCHEDULE == 3:
+        if sw.SCHEDULE == 3:
             if claim and j == 0:
                 claimed = gl.atomic_add(counter, 1)
                 if claimed == n_work - 1:  # the launch's last claim: the next launch counts from 0 again
@@ -294,19 +292,9 @@ def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_se
                     q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh):
     """One warp: each of this program's work items in turn (_load_item). SCHEDULE 3 claims the next item from
     ``counter`` during each item's first side, and ends by handing each consumer the code -1."""
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    STAGES: gl.constexpr = sw.STAGES
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    BOTTOM_RIGHT: gl.constexpr = sw.BOTTOM_RIGHT
-    IS_VARLEN: gl.constexpr = sw.IS_VARLEN
-    SCHEDULE: gl.constexpr = sw.SCHEDULE
-    q_smem, k_smem, v_smem, code_smem = ring.q, ring.k, ring.v, ring.code
-    q_bar, q_free, k_ready, v_ready, k_free, v_free = (ring.q_bar, ring.q_free, ring.k_ready, ring.v_ready,
-                                                       ring.k_free, ring.v_free)
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
-    if SCHEDULE == 3:
+    if sw.SCHEDULE == 3:
         n_work = (n_bh - tail_heads) * ((n_m + 1) // 2) + tail_heads * n_m
         i = gl.program_id(0)
         side = 0
@@ -315,30 +303,27 @@ def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_se
             bh, m, two = _lpt_item(i, side, n_m, n_bh, tail_heads)
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
                 bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-                seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
-            g, claimed = _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
-                                    k_free, v_free, code_smem, bh * n_m + m, counter, side == 0, claimed, n_work, g,
-                                    done, start_m, h, q_row, k_row, n_tiles, q_col_h, k_col_h, group, BLOCK_M,
-                                    BLOCK_N, STAGES, SCHEDULE)
+                seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN)
+            g, claimed = _load_item(sw, ring, q_desc, k_desc, v_desc, bh * n_m + m, counter, side == 0, claimed,
+                                    n_work, g, done, start_m, h, q_row, k_row, n_tiles, q_col_h, k_col_h, group)
             done += 1
             if two:
                 side = 1
             else:
                 side = 0
                 i = claimed + gl.num_programs(0)
-        for s in gl.static_range(BLOCK_M // WG_M):
-            mbarrier.wait(q_free.index(s), (done & 1) ^ 1)
-            code_smem.index(s).store(gl.full([1], -1, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-            mbarrier.arrive(q_bar.index(s))
+        for s in gl.static_range(sw.BLOCK_M // WG_M):
+            mbarrier.wait(ring.q_free.index(s), (done & 1) ^ 1)
+            ring.code.index(s).store(gl.full([1], -1, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+            mbarrier.arrive(ring.q_bar.index(s))
     else:
-        for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
+        for w in range(_n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
+                seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
             if start_m < sq:
-                g, _ = _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, k_ready, v_ready,
-                                  k_free, v_free, code_smem, 0, counter, False, 0, 0, g, done, start_m, h, q_row,
-                                  k_row, n_tiles, q_col_h, k_col_h, group, BLOCK_M, BLOCK_N, STAGES, SCHEDULE)
+                g, _ = _load_item(sw, ring, q_desc, k_desc, v_desc, 0, counter, False, 0, 0, g, done, start_m, h, q_row,
+                                  k_row, n_tiles, q_col_h, k_col_h, group)
                 done += 1
 
 
@@ -423,142 +408,126 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
                   turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale):
     """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items.
     Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
-    HEAD_DIM: gl.constexpr = sw.HEAD_DIM
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    STAGES: gl.constexpr = sw.STAGES
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    IS_VARLEN: gl.constexpr = sw.IS_VARLEN
-    MAY_BE_EMPTY: gl.constexpr = sw.MAY_BE_EMPTY
-    PINGPONG: gl.constexpr = sw.PINGPONG
-    OVERLAP_PV: gl.constexpr = sw.OVERLAP_PV
-    STAGE_K: gl.constexpr = sw.STAGE_K
-    EARLY_P: gl.constexpr = sw.EARLY_P
-    STAGE_O: gl.constexpr = sw.STAGE_O
-    Q_REGS: gl.constexpr = sw.Q_REGS
-    FROZEN_MAX: gl.constexpr = sw.FROZEN_MAX
-    q_smem, k_smem, v_smem, o_smem = ring.q, ring.k, ring.v, ring.o
-    q_bar, q_free, k_ready, v_ready, k_free, v_free = (ring.q_bar, ring.q_free, ring.k_ready, ring.v_ready,
-                                                       ring.k_free, ring.v_free)
-    k_done, turn = ring.k_done, ring.turn
-    NUM_WG: gl.constexpr = BLOCK_M // WG_M
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
-    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    NUM_WG: gl.constexpr = sw.BLOCK_M // WG_M
+    s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
     p_layout: gl.constexpr = register_operand_layout(o_layout)
-    store_layout: gl.constexpr = row_run_layout(HEAD_DIM)
-    dtype: gl.constexpr = q_smem.dtype
-    q_wg = q_smem.index(wg)
-    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
+    store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)
+    dtype: gl.constexpr = ring.q.dtype
+    q_wg = ring.q.index(wg)
+    s_zero = gl.zeros([WG_M, sw.BLOCK_N], gl.float32, layout=s_layout)
     bad = gl.to_tensor(0)  # FROZEN_MAX: 1 where these rows are left to _redo
     if start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
-        mbarrier.wait(q_bar.index(wg), done & 1)
-        mbarrier.arrive(q_free.index(wg))
-        if STAGE_K:
-            mbarrier.arrive(k_done.index(0))
-        _take_turn(turn, wg, turns, PINGPONG)
-        _pass_turn(turn, wg, NUM_WG, PINGPONG)
-        _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, 0, n_tiles, STAGES, NUM_WG, PINGPONG)
-        if STAGE_K:  # as an epilogue does: no arrival for the next item before this item's phase is done
-            mbarrier.wait(k_done.index(0), done & 1)
+        mbarrier.wait(ring.q_bar.index(wg), done & 1)
+        mbarrier.arrive(ring.q_free.index(wg))
+        if sw.STAGE_K:
+            mbarrier.arrive(ring.k_done.index(0))
+        _take_turn(ring.turn, wg, turns, sw.PINGPONG)
+        _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
+        _pass_tiles(ring.k_ready, ring.v_ready, ring.k_free, ring.v_free, ring.turn, wg, g, turns, 0, n_tiles,
+                    sw.STAGES, NUM_WG, sw.PINGPONG)
+        if sw.STAGE_K:  # as an epilogue does: no arrival for the next item before this item's phase is done
+            mbarrier.wait(ring.k_done.index(0), done & 1)
     else:
         offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, layout=o_layout)
+        acc = gl.zeros([WG_M, sw.HEAD_DIM], gl.float32, layout=o_layout)
 
         n_own = n_tiles
-        if CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
+        if sw.CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
             first = start_m + wg * WG_M
-            n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), BLOCK_N), 1)
-            n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // BLOCK_N
-        mbarrier.wait(q_bar.index(wg), done & 1)
-        if Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
+            n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), sw.BLOCK_N), 1)
+            n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // sw.BLOCK_N
+        mbarrier.wait(ring.q_bar.index(wg), done & 1)
+        if sw.Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
             q_op = q_wg.load(register_operand_layout(s_layout))
             fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
-            mbarrier.arrive(q_free.index(wg))
+            mbarrier.arrive(ring.q_free.index(wg))
         else:
             q_op = q_wg
-        mbarrier.wait(k_ready.index(g % STAGES), (g // STAGES) & 1)
-        _take_turn(turn, wg, turns, PINGPONG)
-        s = warpgroup_mma(q_op, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
+        mbarrier.wait(ring.k_ready.index(g % sw.STAGES), (g // sw.STAGES) & 1)
+        _take_turn(ring.turn, wg, turns, sw.PINGPONG)
+        s = warpgroup_mma(q_op, ring.k.index(g % sw.STAGES).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
-        _pass_turn(turn, wg, NUM_WG, PINGPONG)
+        _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
         if n_own == 1:
-            if not Q_REGS:
-                mbarrier.arrive(q_free.index(wg))
-            if STAGE_K:
-                mbarrier.arrive(k_done.index(0))
-        if not STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
-            mbarrier.arrive(k_free.index(g % STAGES))
-        p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                 CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
-        l_i = _lane_sums(None, alpha, p, BLOCK_N)  # the step's own l (unused) is left to dead code
+            if not sw.Q_REGS:
+                mbarrier.arrive(ring.q_free.index(wg))
+            if sw.STAGE_K:
+                mbarrier.arrive(ring.k_done.index(0))
+        if not sw.STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
+            mbarrier.arrive(ring.k_free.index(g % sw.STAGES))
+        p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, sw.BLOCK_N,
+                                                                 sw.CAUSAL, s_layout), qk_scale, sw.MAY_BE_EMPTY)
+        l_i = _lane_sums(None, alpha, p, sw.BLOCK_N)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
-        p = _operand(p, p_layout, dtype, EARLY_P)
+        p = _operand(p, p_layout, dtype, sw.EARLY_P)
         for j in range(1, n_own):
-            stage = (g + j) % STAGES
-            prev = (g + j - 1) % STAGES
-            mbarrier.wait(k_ready.index(stage), ((g + j) // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
-            _take_turn(turn, wg, turns + j, PINGPONG)
-            s = warpgroup_mma(q_op, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p_op = _operand(p, p_layout, dtype, not EARLY_P)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            _pass_turn(turn, wg, NUM_WG, PINGPONG)
+            stage = (g + j) % sw.STAGES
+            prev = (g + j - 1) % sw.STAGES
+            mbarrier.wait(ring.k_ready.index(stage), ((g + j) // sw.STAGES) & 1)
+            mbarrier.wait(ring.v_ready.index(prev), ((g + j - 1) // sw.STAGES) & 1)
+            _take_turn(ring.turn, wg, turns + j, sw.PINGPONG)
+            s = warpgroup_mma(q_op, ring.k.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            p_op = _operand(p, p_layout, dtype, not sw.EARLY_P)
+            acc = warpgroup_mma(p_op, ring.v.index(prev), acc, is_async=True)
+            _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
             # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
-            if OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
+            if sw.OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
                 s = warpgroup_mma_wait(1, deps=(s, ))
             else:
                 s, acc = warpgroup_mma_wait(0, deps=(s, acc))
-                mbarrier.arrive(v_free.index(prev))
+                mbarrier.arrive(ring.v_free.index(prev))
             if j == n_own - 1:
-                if not Q_REGS:
-                    mbarrier.arrive(q_free.index(wg))
-                if STAGE_K:
-                    mbarrier.arrive(k_done.index(0))
-            if not STAGE_K or j < n_own - 1:
-                mbarrier.arrive(k_free.index(stage))
-            if FROZEN_MAX:
+                if not sw.Q_REGS:
+                    mbarrier.arrive(ring.q_free.index(wg))
+                if sw.STAGE_K:
+                    mbarrier.arrive(ring.k_done.index(0))
+            if not sw.STAGE_K or j < n_own - 1:
+                mbarrier.arrive(ring.k_free.index(stage))
+            if sw.FROZEN_MAX:
                 if j % REBASE_EVERY == 0:
                     m_ref, l_i, alpha = _rebase(m_ref, l_i)
-                p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, BLOCK_N, CAUSAL, s_layout) * qk_scale
+                p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout) * qk_scale
                             - m_ref[:, None])  # [WG_M, BLOCK_N]
-                l_i = _lane_sums(l_i, None, p, BLOCK_N)
+                l_i = _lane_sums(l_i, None, p, sw.BLOCK_N)
             else:
-                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, j, n_full, offs_m, sk, diag, BLOCK_N,
-                                                                         CAUSAL, s_layout), qk_scale, MAY_BE_EMPTY)
-                l_i = _lane_sums(l_i, alpha, p, BLOCK_N)
-            if OVERLAP_PV:
+                scores = _scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
+                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, qk_scale, sw.MAY_BE_EMPTY)
+                l_i = _lane_sums(l_i, alpha, p, sw.BLOCK_N)
+            if sw.OVERLAP_PV:
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-                mbarrier.arrive(v_free.index(prev))
-            p = _operand(p, p_layout, dtype, EARLY_P)  # with P·V done, its operand's registers are free
-            if not FROZEN_MAX:
+                mbarrier.arrive(ring.v_free.index(prev))
+            p = _operand(p, p_layout, dtype, sw.EARLY_P)  # with P·V done, its operand's registers are free
+            if not sw.FROZEN_MAX:
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             elif j % REBASE_EVERY == 0:  # O up to tile j - 1 joins its rows' new reference
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        last = (g + n_own - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((g + n_own - 1) // STAGES) & 1)
-        _take_turn(turn, wg, turns + n_own, PINGPONG)
-        acc = warpgroup_mma(_operand(p, p_layout, dtype, not EARLY_P), v_smem.index(last), acc, is_async=True)
-        _pass_turn(turn, wg, NUM_WG, PINGPONG)
+        last = (g + n_own - 1) % sw.STAGES
+        mbarrier.wait(ring.v_ready.index(last), ((g + n_own - 1) // sw.STAGES) & 1)
+        _take_turn(ring.turn, wg, turns + n_own, sw.PINGPONG)
+        acc = warpgroup_mma(_operand(p, p_layout, dtype, not sw.EARLY_P), ring.v.index(last), acc, is_async=True)
+        _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(v_free.index(last))
-        if FROZEN_MAX:  # the last tiles' sums, moved back under REBASE_AT with the rest
+        mbarrier.arrive(ring.v_free.index(last))
+        if sw.FROZEN_MAX:  # the last tiles' sums, moved back under REBASE_AT with the rest
             m_ref, l_i, alpha = _rebase(m_ref, l_i)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg, g, turns, n_own, n_tiles, STAGES, NUM_WG,
-                    PINGPONG)
+        _pass_tiles(ring.k_ready, ring.v_ready, ring.k_free, ring.v_free, ring.turn, wg, g, turns, n_own, n_tiles,
+                    sw.STAGES, NUM_WG,
+                    sw.PINGPONG)
 
         o_offset, lse_offset = _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                                            IS_VARLEN)
+                                            sw.IS_VARLEN)
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         held = True
         lse_kept = offs_m < sq
-        if FROZEN_MAX:  # the reference held unless a row sum reached FROZEN_LIMIT or O is not finite
+        if sw.FROZEN_MAX:  # the reference held unless a row sum or O is not finite (l < 2^18 after _rebase)
             m_i = m_ref
-            ok = l_i < FROZEN_LIMIT
+            ok = l_i < float("inf")
             acc_ok = gl.min(gl.where(gl.abs(acc) < float("inf"), 1, 0), axis=1)  # [WG_M]
             ok = ok & (gl.convert_layout(acc_ok, gl.SliceLayout(1, s_layout)) > 0)
             bad = gl.max(gl.where(ok | (offs_m >= sq), 0, 1), axis=0)
@@ -568,30 +537,30 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
         gl.store(LSE + lse_offset + offs_m, lse, mask=lse_kept)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
         out = (acc * inv_l[:, None]).to(dtype)
-        if HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
+        if sw.HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
             out = gl.convert_layout(out, store_layout)
-        elif STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
-            mbarrier.wait(k_done.index(0), done & 1)  # every consumer's last Q·Kᵀ has read that tile
-            o_tile = k_smem.index(last).slice(wg * WG_M, WG_M)
+        elif sw.STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
+            mbarrier.wait(ring.k_done.index(0), done & 1)  # every consumer's last Q·Kᵀ has read that tile
+            o_tile = ring.k.index(last).slice(wg * WG_M, WG_M)
             o_tile.store(out)
             out = o_tile.load(store_layout)
             fence_async_shared()  # these writes land before the loader's next TMA load into the tile
         rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
+        cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
         ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
         rows_kept = rows < sq
-        if FROZEN_MAX:
+        if sw.FROZEN_MAX:
             rows_kept = rows_kept & held
-        if STAGE_O and start_m + (wg + 1) * WG_M <= sq and held:
-            o_wg = o_smem.index(wg)
+        if sw.STAGE_O and start_m + (wg + 1) * WG_M <= sq and held:
+            o_wg = ring.o.index(wg)
             tma.store_wait(0)  # the previous item's O has left this tile
             o_wg.store(out)
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
         else:
             gl.store(ptrs, out, mask=rows_kept[:, None])
-        if STAGE_K:
-            mbarrier.arrive(k_free.index(last))
+        if sw.STAGE_K:
+            mbarrier.arrive(ring.k_free.index(last))
     return bad
 
 
@@ -667,27 +636,20 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
     runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done. With FROZEN_MAX, rows whose
     frozen reference failed are queued for _redo."""
-    BLOCK_M: gl.constexpr = sw.BLOCK_M
-    BLOCK_N: gl.constexpr = sw.BLOCK_N
-    CAUSAL: gl.constexpr = sw.CAUSAL
-    BOTTOM_RIGHT: gl.constexpr = sw.BOTTOM_RIGHT
-    IS_VARLEN: gl.constexpr = sw.IS_VARLEN
-    SCHEDULE: gl.constexpr = sw.SCHEDULE
-    FROZEN_MAX: gl.constexpr = sw.FROZEN_MAX
-    NUM_WG: gl.constexpr = BLOCK_M // WG_M
+    NUM_WG: gl.constexpr = sw.BLOCK_M // WG_M
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
     done = 0
-    if SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
+    if sw.SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
         code = _claimed(ring.code, ring.q_bar, wg, done)
         while code >= 0:
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
                 code // n_m, code % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
-                k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+                k_rows_h, seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN)
             bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full,
                                 g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
                                 qk_scale)
-            if FROZEN_MAX:
+            if sw.FROZEN_MAX:
                 if bad > 0:
                     _push_redo(counter, (code * NUM_WG + wg))
             g += n_tiles
@@ -695,17 +657,17 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
             done += 1
             code = _claimed(ring.code, ring.q_bar, wg, done)
     else:
-        for w in range(_n_items(n_m, n_bh, SCHEDULE)):  # this program's items
+        for w in range(_n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
             start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, SCHEDULE)
+                seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
             if start_m < sq:
                 bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles,
                                     n_full, g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb,
                                     stride_lh, qk_scale)
-                if FROZEN_MAX:
+                if sw.FROZEN_MAX:
                     if bad > 0:
-                        _push_redo(counter, ((b * nheads + h) * n_m + start_m // BLOCK_M) * NUM_WG + wg)
+                        _push_redo(counter, ((b * nheads + h) * n_m + start_m // sw.BLOCK_M) * NUM_WG + wg)
                 g += n_tiles
                 turns += n_tiles + 1
                 done += 1

@@ -8,6 +8,7 @@ token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, 
 import functools
 
 import triton
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -26,6 +27,18 @@ def wgmma_layout(n):
 def register_operand_layout(result_layout):
     """A 16-bit A operand held in registers, for a wgmma whose result has ``result_layout``."""
     return gl.DotOperandLayout(operand_index=0, parent=result_layout, k_width=2)
+
+
+@gluon.jit
+def store_rows(acc, Out, b, h_k, start_n, seqlen_k, stride_b, stride_n, stride_h, layout: gl.constexpr):
+    """A [rows, HEAD_DIM] tile of a backward's dK or dV into rows start_n.. of Out (batch b, KV head h_k) in Out's
+    dtype, rows past seqlen_k left alone (32-bit offsets from a 64-bit base: a tile of 64-bit pointers would take a
+    register each)."""
+    rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    base = Out + b.to(gl.int64) * stride_b + h_k.to(gl.int64) * stride_h + start_n.to(gl.int64) * stride_n
+    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc.to(Out.dtype.element_ty),
+             mask=(start_n + rows < seqlen_k)[:, None])
 
 
 def view_layout(t, varlen):
