@@ -1,6 +1,11 @@
 """Host time of one eager call, piece by piece (mean over many calls, no synchronization; every GPU kernel
 here is shorter than the host path, so the host sets the pace). Decode: B=1, L=4k, 32/8 heads, D=128;
-forward: B=1, N=128, 16 heads, D=128. Run on the GPU: ``PYTHONPATH=. python scripts/profile_host.py``."""
+forward: B=1, N=128, 16 heads, D=128; forward + backward through autograd the same, causal. ``--cprofile`` also prints
+the Python functions that take the host time of that training step. Run on the GPU:
+``PYTHONPATH=. python scripts/profile_host.py [--cprofile]``."""
+import cProfile
+import pstats
+import sys
 import time
 
 import torch
@@ -61,8 +66,26 @@ def main():
         "forward: ops.attention_forward": lambda: ops.attention_forward(qf, kf, vf, 0.088, (-1, -1), True),
         "SDPA cuDNN (reference point)": lambda: sdpa_cudnn(qf, kf, vf),
     }
+    qg, kg, vg = (t.detach().requires_grad_() for t in (qf, kf, vf))
+    dout = torch.randn_like(qf)
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (qf, kf, vf))
+
+    def step():
+        torch.autograd.grad(flashtile.flash_attn_func(qg, kg, vg, causal=True), (qg, kg, vg), dout)
+
+    def step_fa2():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        torch.autograd.grad(out, (qt, kt, vt), dout.transpose(1, 2))
+    rows["fwd+bwd: flash_attn_func, autograd.grad"] = step
+    rows["fwd+bwd: SDPA FA2 (reference point)"] = step_fa2
     for name, fn in rows.items():
         print(f"{name}: {per_call_us(fn):.1f} us", flush=True)
+    if "--cprofile" in sys.argv:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [step() for _ in range(500)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
 
 
 def _append_by_indexing(k_cache, v_cache, k, v, cache_seqlens):

@@ -200,3 +200,24 @@ def test_softcap_alibi_gradients_bf16(causal):
     ref = gradients(lambda q, k, v: reference.attention(q, k, v, **kwargs)[0], (q, k, v), dout.double())
     base = gradients(lambda q, k, v: reference.attention(q, k, v, upcast=False, **kwargs)[0], (q, k, v), dout)
     assert_grads_close(ours, ref, base)
+
+
+@pytest.mark.parametrize("backend, head_dim, causal, deterministic", [
+    ("portable", 128, True, False), ("portable", 64, False, True), ("hopper", 128, False, False),
+    ("hopper", 128, True, False), ("hopper", 64, True, True), ("hopper", 256, False, False)],
+    ids=["portable-d128-causal", "portable-d64-deterministic", "hopper-d128-one-pass", "hopper-d128-causal",
+         "hopper-d64-deterministic", "hopper-d256"])
+def test_a_repeated_backward_replays_its_launches(backend, head_dim, causal, deterministic, monkeypatch):
+    """A training loop repeats its shapes: from the second step every backward launch is replayed
+    (kernels/replay.py) with the step's own tensors, and the gradients stay right."""
+    from flashtile.kernels import replay
+    if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 backward")
+    monkeypatch.setattr(configs, "BWD_BACKEND", backend)
+    replayed = []
+    launch = replay.Replay.launch
+    monkeypatch.setattr(replay.Replay, "launch", lambda self, *a: (replayed.append(self), launch(self, *a))[1])
+    for _ in range(2):
+        replayed.clear()
+        check(2, 300, 300, 4, 2, head_dim, torch.bfloat16, causal, deterministic)
+    assert replayed or not replay.REPLAY_OK

@@ -148,3 +148,39 @@ def test_raw_launch_of_a_kernel_without_descriptors():
     by_triton = seen.pop()
     assert len(by_raw) == len(by_triton)
     assert all(a is b or a == b for a, b in zip(by_raw, by_triton))
+
+
+def test_replays_launch_runs_first_once_and_aims_descriptors_at_each_calls_tensors(monkeypatch):
+    """Replays.launch: a key's first call launches through ``first``; later ones replay it, and a slot that held a
+    TMA descriptor gets a copy of it at the new tensor's address (shape, strides and box kept)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    monkeypatch.setattr(replay, "REPLAY_OK", True)
+    monkeypatch.setattr(replay, "stream_handle", lambda device: 7)
+    monkeypatch.setattr(replay.triton.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(replay.triton.knobs.runtime, "launch_exit_hook", None)
+    kernel, firsts = _Kernel(), []
+    x0, y0, x1, y1 = (torch.zeros(4, 16) for _ in range(4))
+
+    def first():
+        firsts.append(1)
+        desc = TensorDescriptor(x0, list(x0.shape), list(x0.stride()), [2, 16])
+        return replay.Replay(kernel, (1, ), (desc, y0, 3), dict(BLOCK=16), ["X", "Y"])
+    replays = replay.Replays()
+    monkeypatch.setattr(replay.Replay, "prepare_raw", lambda self: None)  # the stand-in has no C launcher
+    replays.launch("key", torch.device("cuda", 0), (x0, y0), first)
+    replays.launch("key", torch.device("cuda", 0), (x1, y1), first)
+    assert firsts == [1]
+    launched = kernel.compiled.calls[-1][9:]
+    assert launched[0].base.data_ptr() == x1.data_ptr() and launched[0].block_shape == [2, 16]
+    assert launched[1] is y1 and launched[2:] == (3, 16, True)
+
+
+def test_launch_key_tells_apart_what_specializes_a_kernel():
+    a = torch.zeros(4, 16)
+    assert replay.launch_key((a, None), 1.0) == replay.launch_key((torch.zeros(4, 16), None), 1.0)
+    assert replay.launch_key((a, None), 1.0) != replay.launch_key((a.t(), None), 1.0)  # strides
+    assert replay.launch_key((a, None), 1.0) != replay.launch_key((a.half(), None), 1.0)  # dtype
+    misaligned = torch.zeros(65)[1:].view(4, 16)  # the same shape, 4 bytes past an aligned address
+    assert replay.launch_key((a, None), 1.0) != replay.launch_key((misaligned, None), 1.0)
+    assert replay.launch_key((a, None), 1.0) != replay.launch_key((a, a), 1.0)
+    assert replay.launch_key((a, None), 1.0) != replay.launch_key((a, None), 2.0)

@@ -10,11 +10,14 @@
    - with ``DQ_ATOMIC`` "none", Q-tile programs follow in the same grid: each owns a Q tile and loops over
      the K/V tiles it sees, dQ += dS K, with no atomics (deterministic).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from .online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
+from .replay import Replay, Replays, aligned
 from .tiles import (
     band_mask,
     band_tiles,
@@ -307,40 +310,51 @@ def flash_bwd_kernel(
                     DELTA_HERE, SOFTCAP, HAS_ALIBI)
 
 
+_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/replay.py)
+
+
 def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None):
     """delta = rowsum(dO ∘ O) (minus ``dlse``, the LSE's gradient, where given), shaped like lse; with ``zeroed``
     (batch mode, a shape (batch, nheads, rows, head_dim_pad)), (delta, a float32 tensor of that shape filled with
     zeros by the same launch)."""
-    nheads, head_dim = out.shape[-2], out.shape[-1]
-    is_varlen = cu_seqlens_q is not None
-    batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
-    lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
-    dlse_strides = (0, 0, 0)
-    if dlse is not None:  # any strides autograd hands over (an expanded gradient has zeros)
-        dlse_strides = (0, *dlse.stride()) if is_varlen else dlse.stride()
     delta = torch.empty_like(lse)
     zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
-    zero_rows = 0 if zeros is None else zeros.shape[2]
-    bwd_preprocess_kernel[(cdiv(max(seqlen_q, zero_rows), 64), batch * nheads)](
-        out, dout, delta, dlse, zeros, cu_seqlens_q, *_strides(out), *_strides(dout), *lse_strides, *dlse_strides,
-        *((zeros.stride(0), zeros.stride(2), zeros.stride(1)) if zeros is not None else (0, 0, 0)), zero_rows,
-        seqlen_q, nheads, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen,
-        HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None)
+    tensors = (out, dout, delta, dlse, zeros, cu_seqlens_q)
+    key = (out.shape, out.stride(), dout.stride(), lse.shape, lse.stride(), delta.stride(),
+           None if dlse is None else dlse.stride(), zeroed, None if cu_seqlens_q is None else cu_seqlens_q.shape,
+           seqlen_q, out.dtype, out.device, aligned(*tensors))
+
+    def first():
+        nheads, head_dim = out.shape[-2], out.shape[-1]
+        is_varlen = cu_seqlens_q is not None
+        batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
+        lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
+        dlse_strides = (0, 0, 0)
+        if dlse is not None:  # any strides autograd hands over (an expanded gradient has zeros)
+            dlse_strides = (0, *dlse.stride()) if is_varlen else dlse.stride()
+        zero_rows = 0 if zeros is None else zeros.shape[2]
+        grid = (cdiv(max(seqlen_q, zero_rows), 64), batch * nheads)
+        args = (*tensors, *_strides(out), *_strides(dout), *lse_strides, *dlse_strides,
+                *((zeros.stride(0), zeros.stride(2), zeros.stride(1)) if zeros is not None else (0, 0, 0)), zero_rows,
+                seqlen_q, nheads)
+        kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen,
+                      HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None)
+        return Replay(bwd_preprocess_kernel, grid, args, kwargs, ["O", "dO", "Delta", "dLSE", "dQacc", "cu_seqlens_q"])
+    _REPLAYS.launch(key, out.device, tensors, first)
     return delta if zeros is None else (delta, zeros)
 
 
 def launch_dq_cast(dq_acc, dq, scale):
     """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, two halves, 64 · headdim / 2
     in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape)."""
-    batch, seqlen, nheads, head_dim = dq.shape
-    dq_cast_kernel[(cdiv(seqlen, 64), batch * nheads)](
-        dq_acc, dq, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale, HEAD_DIM=head_dim,
-        BLOCK_M=64, num_warps=4)
+    key = (dq_acc.shape, dq_acc.stride(), dq.shape, dq.stride(), dq.dtype, dq.device, scale, aligned(dq_acc, dq))
 
-
-def _strides(t):
-    """(batch, token, head) strides; packed tensors have no batch stride."""
-    return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))
+    def first():
+        batch, seqlen, nheads, head_dim = dq.shape
+        args = (dq_acc, dq, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale)
+        return Replay(dq_cast_kernel, (cdiv(seqlen, 64), batch * nheads), args, dict(HEAD_DIM=head_dim, BLOCK_M=64,
+                      num_warps=4), ["dQacc", "dQ"])
+    _REPLAYS.launch(key, dq.device, (dq_acc, dq), first)
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -349,50 +363,72 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``. ``dkdv=False`` leaves
     dK and dV to another kernel (bwd_hopper) and computes dQ only, from its ``delta``; with ``write_delta``
     (batch mode) the Q-tile programs compute delta into ``delta`` themselves, for that kernel to read after."""
+    is_varlen = cu_seqlens_q is not None
+    if write_delta and (dkdv or is_varlen):
+        raise ValueError("write_delta needs dkdv=False and batch mode")
+    if delta is None:
+        seqlen_q = max_seqlen_q if is_varlen else q.shape[1]
+        delta = torch.empty_like(lse) if write_delta else launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
+    dq_atomic = "none" if deterministic or not dkdv else config.dq_atomic
+    dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    tensors = (q, k, v, dout, dk, dv, q, k, v, dout, out if write_delta else None, dq, lse, delta,
+               dq if dq_acc is None else dq_acc, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), dout.stride(), out.stride(), dk.stride(), dv.stride(),
+           dq.stride(), lse.shape, lse.stride(), delta.stride(), q.dtype, q.device,
+           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, softmax_scale,
+           window_size, bottom_right, dq_atomic, config, dkdv, write_delta, softcap,
+           None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()), aligned(*tensors))
+    _REPLAYS.launch(key, q.device, tensors, functools.partial(
+        _first_bwd_launch, tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right, dq_atomic,
+        config, dkdv, write_delta, softcap))
+    if dq_acc is not None:
+        dq.copy_(dq_acc)
+
+
+def _first_bwd_launch(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right,
+                      dq_atomic, config, dkdv, write_delta, softcap):
+    """launch_bwd's launch through Triton, as a Replay (``tensors`` in the order of its slots)."""
+    q, k, v, dout, dk, dv, _, _, _, _, out, dq, lse, delta, acc, cu_seqlens_q, cu_seqlens_k, alibi_slopes = tensors
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
     left, right = window_size
+    c = config
     is_varlen = cu_seqlens_q is not None
     if is_varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
         lse_strides = (0, lse.stride(0))
+        tiles = tensors[:12]
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         lse_strides = (lse.stride(0), lse.stride(1))
-    if write_delta and (dkdv or is_varlen):
-        raise ValueError("write_delta needs dkdv=False and batch mode")
-    if delta is None:
-        delta = torch.empty_like(lse) if write_delta else launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
-
-    c = config
-    dq_atomic = "none" if deterministic or not dkdv else c.dq_atomic
-    dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    if is_varlen:
-        tiles = (q, k, v, dout, dk, dv, q, k, v, dout, None, dq)
-    else:
         tiles = host_descriptors(((q, c.block_m1), (k, c.block_n1), (v, c.block_n1), (dout, c.block_m1),
                                   (dk, c.block_n1), (dv, c.block_n1), (q, c.block_m2), (k, c.block_n2),
                                   (v, c.block_n2), (dout, c.block_m2), (dq, c.block_m2)), pad)
         o_tile = host_descriptors(((out, c.block_m2), ), pad) if write_delta else (None, )
         tiles = tiles[:10] + o_tile + tiles[10:]
     # where the K/V-tile programs add dS·K: a bulk-reduce descriptor, a float32 pointer, or nothing (dq)
-    acc_arg = dq if dq_acc is None else dq_acc
+    acc_arg = acc
     if dq_atomic == "tma" and not is_varlen:
-        acc_arg, = host_descriptors(((dq_acc, c.block_m1),), pad)
+        acc_arg, = host_descriptors(((acc, c.block_m1),), pad)
     strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
-    dq_acc_strides = _strides(dq_acc) if dq_acc is not None else (0, 0, 0)
+    dq_acc_strides = _strides(acc) if dq_atomic != "none" else (0, 0, 0)
     kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1) if dkdv else 0, cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
     qk_scale, softcap_scale, alibi_unit = score_scales(softmax_scale, softcap)
-    flash_bwd_kernel[(programs, batch * nheads_k)](
-        *tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
-        *dq_acc_strides, alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-        seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale, softmax_scale, softcap_scale, alibi_unit,
-        max(left, 0), max(right, 0),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
-        BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
-        MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-        DELTA_HERE=write_delta, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, num_warps=c.num_warps,
-        num_stages=c.num_stages)
-    if dq_acc is not None:
-        dq.copy_(dq_acc)
+    args = (*tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
+            *dq_acc_strides, alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
+            seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale, softmax_scale, softcap_scale, alibi_unit,
+            max(left, 0), max(right, 0))
+    kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
+                  BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
+                  MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
+                  DELTA_HERE=write_delta, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                  num_warps=c.num_warps, num_stages=c.num_stages)
+    slots = ["Q1", "K1", "V1", "dO1", "dK", "dV", "Q2", "K2", "V2", "dO2", "O2", "dQ", "LSE", "Delta", "dQacc",
+             "cu_seqlens_q", "cu_seqlens_k", "Alibi"]
+    return Replay(flash_bwd_kernel, (programs, batch * nheads_k), args, kwargs, slots)
+
+
+def _strides(t):
+    """(batch, token, head) strides; packed tensors have no batch stride."""
+    return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))

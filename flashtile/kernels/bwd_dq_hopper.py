@@ -19,6 +19,7 @@ from triton.language.core import _aggregate as aggregate
 
 from .hopper_common import descriptor, register_operand_layout, smem_layout, view, view_layout, wgmma_layout
 from .online_softmax import LOG2E
+from .replay import Replay, Replays, launch_key
 from .tiles import cdiv
 
 
@@ -255,7 +256,17 @@ def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, botto
     return grid, args, kwargs
 
 
+_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/replay.py)
+
+
 def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False):
-    grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config,
-                                     delta_in)
-    flash_bwd_dq_hopper_kernel[grid](*args, **kwargs)
+    """dQ (and delta, unless ``delta_in``) by the launch of ``launch_args``, replayed after a key's first call."""
+    tensors = (q, dout, k, v, out, dq, lse, delta)
+    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in)
+
+    def first():
+        grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right,
+                                         config, delta_in)
+        return Replay(flash_bwd_dq_hopper_kernel, grid, args, kwargs,
+                      ["q_desc", "do_desc", "k_desc", "v_desc", "O", "dQ", "LSE", "Delta"])
+    _REPLAYS.launch(key, q.device, tensors, first)

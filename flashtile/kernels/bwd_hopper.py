@@ -40,6 +40,7 @@ from triton.language.core import _aggregate as aggregate
 from .bwd_dq_hopper import Switches, backward_descriptors
 from .hopper_common import descriptor, register_operand_layout, store_rows, view_layout, wgmma_layout
 from .online_softmax import LOG2E
+from .replay import Replay, Replays, launch_key
 from .tiles import cdiv
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
@@ -319,6 +320,9 @@ def dq_acc_shape(q, config):
     return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
 
 
+_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/replay.py)
+
+
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
                       config=None, dlse=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
@@ -333,9 +337,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     design = config.design(deterministic)
     if design == "one pass":
         delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config), dlse=dlse)
-        grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right,
-                                         config, dq_acc)
-        flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
+        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc)
         launch_dq_cast(dq_acc, dq, softmax_scale)
         return
     delta_in = dlse is not None
@@ -348,11 +350,27 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
         launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
                    (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
                    write_delta=not delta_in)
-    if design == "split gradients":
+    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
+
+
+def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None):
+    """The dK/dV launch of ``config`` (kernels/bwd_split_hopper.py with ``split_gradients``), replayed after a key's
+    first call (kernels/replay.py)."""
+    tensors = (q, k, v, dout, dk, dv, lse, delta, dq_acc)
+    key = launch_key(tensors, softmax_scale, causal, bottom_right, config)
+    if config.split_gradients:
         from . import bwd_split_hopper
-        grid, args, kwargs = bwd_split_hopper.launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal,
-                                                          bottom_right, config)
-        bwd_split_hopper.flash_bwd_dkdv_split_kernel[grid](*args, **kwargs)
-        return
-    grid, args, kwargs = launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
-    flash_bwd_dkdv_hopper_kernel[grid](*args, **kwargs)
+        kernel, make = bwd_split_hopper.flash_bwd_dkdv_split_kernel, bwd_split_hopper.launch_args
+        slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta"]
+        tensors = tensors[:-1]
+    else:
+        kernel, make = flash_bwd_dkdv_hopper_kernel, launch_args
+        slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta", "dQacc"]
+        if dq_acc is None:  # the dQacc argument is a placeholder: lse
+            tensors = tensors[:-1] + (lse, )
+
+    def first():
+        grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
+                                  *(() if dq_acc is None else (dq_acc, )))
+        return Replay(kernel, grid, args, kwargs, slots)
+    _REPLAYS.launch(key, q.device, tensors, first)

@@ -39,6 +39,13 @@ def detach_descriptor(desc, tensor=None):
     return copy
 
 
+def launch_key(tensors, *scalars):
+    """A replay key: each tensor's shape, strides, dtype and 16-byte alignment (None for absent ones), the first
+    tensor's device, and ``scalars`` (whatever else fixes the launch's arguments)."""
+    return (tensors[0].device, *(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0)
+                                 for t in tensors), *scalars)
+
+
 def aligned(*tensors):
     """Which pointers are 16-byte aligned (Triton specializes a kernel on it); None for absent ones."""
     return tuple(None if t is None else t.data_ptr() % 16 == 0 for t in tensors)
@@ -53,6 +60,16 @@ class Replays:
     def get(self, key):
         return self.replays.get(key) if can_replay() else None
 
+    def launch(self, key, device, tensors, first):
+        """Replay ``key`` with ``tensors`` for its slots (Replay.launch); the first call of a key runs ``first()``,
+        which launches through Triton and returns the Replay. The key must hold everything that fixes the other
+        arguments and the kernel's specialization."""
+        replay = self.get(key)
+        if replay is None:
+            self.put(key, first())
+        else:
+            replay.launch(device, tensors)
+
     def put(self, key, replay):
         if replay.compiled is not None and can_replay():
             if len(self.replays) >= self.maxsize:
@@ -65,7 +82,8 @@ class Replay:
     """One launch of ``kernel`` (made now, through Triton's usual path) and its replays. ``slots`` names the
     arguments that change from call to call (tensors); ``run`` takes new values for them, in that order.
     ``compiled`` is None where the launch cannot be replayed (the interpreter, another Triton). ``descriptors``
-    holds the caller's host TMA descriptors of the first launch, detached (see detach_descriptor), if any."""
+    holds the caller's host TMA descriptors of the first launch, detached (see detach_descriptor), if any;
+    ``templates`` those of the slots, by slot, which ``launch`` aims at each call's tensors."""
 
     def __init__(self, kernel, grid, args, kwargs, slots):
         compiled = kernel[grid](*args, **kwargs)
@@ -77,6 +95,8 @@ class Replay:
         defaults = kernel.signature.parameters
         self.values = list(args) + [kwargs[n] if n in kwargs else defaults[n].default for n in names[len(args):]]
         self.slots = [names.index(s) for s in slots]
+        self.templates = {k: detach_descriptor(self.values[i]) for k, i in enumerate(self.slots)
+                          if hasattr(self.values[i], "block_shape")}
         for i in self.slots:  # each run brings its own; the first call's tensors may go
             self.values[i] = None
         self.grid = tuple(grid) + (1, ) * (3 - len(grid))
@@ -95,6 +115,13 @@ class Replay:
             self.raw = _RawLaunch(self.compiled, self.values, self.slots)
         except _NotRaw:
             self.raw = None
+
+    def launch(self, device, tensors):
+        """``run`` with ``tensors``, where a slot of a descriptor takes the tensor its 2-D view starts at."""
+        if self.templates:
+            tensors = [detach_descriptor(self.templates[k], t) if k in self.templates else t
+                       for k, t in enumerate(tensors)]
+        self.run(device, *tensors)
 
     def run(self, device, *tensors):
         stream = stream_handle(device)
