@@ -1,0 +1,36 @@
+"""Eager forward + backward of short calls with the backward's launches replayed (kernels/replay.py) or through
+Triton's launcher every call, in one process, taking turns: µs per call of back-to-back calls (the shapes of
+``flashtile.bench.small_calls``). Run on the GPU: ``PYTHONPATH=. python scripts/bwd_replay_ab.py``."""
+import contextlib
+import statistics
+from unittest import mock
+
+import torch
+
+from flashtile.bench.small_calls import SHAPES, peers, per_call_us
+from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper
+
+
+def main(rounds=7, calls=200):
+    print("| B | N | H | D | causal | replayed µs | Triton's launcher µs | replayed / launcher |")
+    print("|---|---|---|---|---|---|---|---|")
+    tables = (bwd._REPLAYS, bwd_hopper._REPLAYS, bwd_dq_hopper._REPLAYS)
+    for batch, seqlen, nheads, head_dim, causal in SHAPES:
+        step = peers(batch, seqlen, nheads, head_dim, causal, True)["flashtile"]
+        step()
+        seen = {"replayed": [], "launcher": []}
+        for turn in range(rounds):
+            for mode in (("replayed", "launcher") if turn % 2 == 0 else ("launcher", "replayed")):
+                with contextlib.ExitStack() as stack:
+                    if mode == "launcher":  # no replay found: every call launches through Triton
+                        for table in tables:
+                            stack.enter_context(mock.patch.object(table, "get", lambda key: None))
+                            stack.enter_context(mock.patch.object(table, "put", lambda key, replay: None))
+                    seen[mode].append(per_call_us(step, calls, torch.cuda.synchronize))
+        on, off = statistics.median(seen["replayed"]), statistics.median(seen["launcher"])
+        print(f"| {batch} | {seqlen} | {nheads} | {head_dim} | {causal} | {on:.1f} | {off:.1f} | {on / off:.2f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
