@@ -242,7 +242,7 @@ FWD_HOPPER = {
                                                        persistent=True, persistent_max_seqlen=4096, o_kstage=True,
                                                        early_p=True, o_tma=True, balanced=False,
                                                        frozen_max=True)),
-    # two 64-key stages beside the 64 KB Q tile; no ping-pong
+    # two 64-key stages beside the 64 KB Q tile; no ping-pong (re-swept in run 42: docs/configs.md#fwd_hopper)
     (256, False): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,
                                   persistent=True, early_p=True),
     (256, True): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,

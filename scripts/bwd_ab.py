@@ -21,8 +21,9 @@ from flashtile.kernels.tiles import head_dim_pad
 TOKENS, HIDDEN = 16384, 2048
 
 
-def load_old(path):
-    spec = importlib.util.spec_from_file_location("flashtile.kernels._bwd_old", path)
+def load_old(path, name="_bwd_old"):
+    """The file at ``path`` as the module flashtile.kernels.<name> (its relative imports resolve there)."""
+    spec = importlib.util.spec_from_file_location(f"flashtile.kernels.{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

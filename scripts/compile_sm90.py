@@ -251,7 +251,7 @@ def mbarrier_reuse(ptx):
     an mbarrier's memory before mbarrier.inval undefined (docs/perf.md, forward v33; triton's own pipelined loops
     invalidate theirs, so barriers with an mbarrier.inval count as released). A plain access at base offset
     c is taken to cover c up to the next base of its run (bases a power of two apart, as a scratch per warpgroup is
-    laid out), else 16 bytes (one vector store)."""
+    laid out; between two such runs, the closer-spaced one), else 16 bytes (one vector store)."""
     lines = ptx.splitlines()
     consts = {}
     seen = {"init": set(), "inval": set()}  # offsets of barriers set up and of barriers released
@@ -275,7 +275,7 @@ def mbarrier_reuse(ptx):
     gaps = [b - a for a, b in zip(bases, bases[1:])]
     for i, c in enumerate(bases):
         runs = [g for g in gaps[max(i - 1, 0):i + 1] if g & (g - 1) == 0]  # the gaps either side of c
-        hits.update(b for b in barriers if c <= b < c + max(runs + [16]))
+        hits.update(b for b in barriers if c <= b < c + (min(runs) if runs else 16))
     return sorted(hits)
 
 

@@ -49,11 +49,14 @@ DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element
 
 @aggregate
 class Smem:
-    """The program's shared memory: both warpgroups' K and V rows; a ring of Q and dO tiles (ready once loaded, free
-    once both warpgroups are done with them); with DQ_REDUCE, the dSᵀ tiles both warpgroups read for dQ (ready once
-    both stored theirs) and each warpgroup's float32 dQ tile on its way to the copy engine."""
+    """The program's shared memory: both warpgroups' K and V rows; a ring of Q and dO tiles with their rows' LSE (in
+    log2 units) and delta (ready once loaded, free once both warpgroups are done with them); with DQ_REDUCE, the dSᵀ
+    tiles both warpgroups read for dQ (ready once both stored theirs) and each warpgroup's float32 dQ tile on its way
+    to the copy engine."""
     q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM]
     do: gl.shared_memory_descriptor
+    lse: gl.shared_memory_descriptor  # [STAGES, BLOCK_M]
+    delta: gl.shared_memory_descriptor
     k: gl.shared_memory_descriptor  # [2, BLOCK_N / 2, HEAD_DIM]
     v: gl.shared_memory_descriptor
     ds: gl.shared_memory_descriptor  # [2 · buffers, BLOCK_N / 2, BLOCK_M]
@@ -65,8 +68,8 @@ class Smem:
     ds_ready: gl.shared_memory_descriptor
 
     @triton.constexpr_function
-    def __init__(self, q, do, k, v, ds, dq, kv_bar, q_ready, do_ready, q_free, ds_ready):
-        self.q, self.do, self.k, self.v, self.ds, self.dq = q, do, k, v, ds, dq
+    def __init__(self, q, do, lse, delta, k, v, ds, dq, kv_bar, q_ready, do_ready, q_free, ds_ready):
+        self.q, self.do, self.lse, self.delta, self.k, self.v, self.ds, self.dq = q, do, lse, delta, k, v, ds, dq
         self.kv_bar, self.q_ready, self.do_ready = kv_bar, q_ready, do_ready
         self.q_free, self.ds_ready = q_free, ds_ready
 
@@ -98,10 +101,12 @@ def _q_tiles(start_n, seqlen_q, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexp
 
 
 @gluon.jit
-def _load_partition(sw, smem, q_desc, k_desc, v_desc, do_desc, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                    k_rows_h, k_col_h, seqlen_q, seqlen_k, diag, group):
-    """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn."""
+def _load_partition(sw, smem, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, q_rows_b, q_rows_h, q_col_h,
+                    k_rows_b, k_rows_h, k_col_h, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group):
+    """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn, and the
+    tile's LSE and delta (loaded here, so that the consumers never wait on global memory)."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
+    rows_layout: gl.constexpr = gl.BlockedLayout([sw.BLOCK_M // 32], [32], [1], [0])
     start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, sw.BLOCK_N)
     mbarrier.expect(smem.kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for i in gl.static_range(2):
@@ -119,6 +124,14 @@ def _load_partition(sw, smem, q_desc, k_desc, v_desc, do_desc, nheads_k, q_rows_
         tma.async_copy_global_to_shared(q_desc, [row, h * q_col_h], smem.q_ready.index(stage), smem.q.index(stage))
         mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [row, h * q_col_h], smem.do_ready.index(stage), smem.do.index(stage))
+        # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
+        offs_m = (lo + t % (hi - lo)) * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=rows_layout)
+        row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+        smem.lse.index(stage).store(lse * LOG2E)
+        smem.delta.index(stage).store(gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0))
+        gl.thread_barrier()
+        mbarrier.arrive(smem.q_ready.index(stage))  # q_ready's second arrival: the rows are stored
 
 
 @gluon.jit
@@ -150,9 +163,9 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb,
-              stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
-              seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale):
+def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
+              stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, seqlen_q, seqlen_k, diag, group,
+              qk_scale, softmax_scale):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
@@ -177,7 +190,6 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k,
     lo, hi = _q_tiles(start_n, seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
         h = h_k * group + t // (hi - lo)
-        row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
         stage = t % sw.STAGES
         phase = (t // sw.STAGES) & 1
         q_tile = smem.q.index(stage)
@@ -187,10 +199,8 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k,
         s_t = warpgroup_mma(k_half, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.wait(smem.do_ready.index(stage), phase)
         dp_t = warpgroup_mma(v_half, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
-        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
-        delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         s_t = warpgroup_mma_wait(1, deps=(s_t, ))  # [HALF_N, BLOCK_M]
+        lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
         if sw.CAUSAL:
             if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # the diagonal, the end
@@ -199,6 +209,7 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k,
         else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
             p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
+        delta = smem.delta.index(stage).load(gl.SliceLayout(0, s_layout))
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
         if sw.DQ_REDUCE:  # dQ = dS K over both warpgroups' keys; this one takes columns [half·DQ_COLS, +DQ_COLS)
@@ -233,6 +244,9 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
     BUFS: gl.constexpr = 2 if DQ_REDUCE else 1
@@ -246,22 +260,24 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     q_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_ready.index(i), count=2)  # Q's bytes, then the rows' LSE and delta
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
     sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE)
-    smem = Smem(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_free, ds_ready)
+    smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
+                q_free, ds_ready)
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
-                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
-                     seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale)),
-        (_consumer, (1, sw, smem, dK, dV, dQacc, LSE, Delta, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
-                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb, stride_lh,
-                     seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale)),
-        (_load_partition, (sw, smem, q_desc, k_desc, v_desc, do_desc, nheads_k, q_rows_b, q_rows_h, q_col_h,
-                           k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, diag, group)),
+        (_consumer, (0, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh,
+                     stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, seqlen_q, seqlen_k, diag, group,
+                     qk_scale, softmax_scale)),
+        (_consumer, (1, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh,
+                     stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, seqlen_q, seqlen_k, diag, group,
+                     qk_scale, softmax_scale)),
+        (_load_partition, (sw, smem, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, q_rows_b, q_rows_h,
+                           q_col_h, k_rows_b, k_rows_h, k_col_h, stride_lb, stride_lh, seqlen_q, seqlen_k, diag,
+                           group)),
     ], [4, 1], [REGS, 24])
 
 
