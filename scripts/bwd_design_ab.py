@@ -1,0 +1,64 @@
+"""The sm90 backward with its shipped config against the same config with some fields changed, in one process,
+taking turns (kernels/bwd_hopper.launch_bwd_hopper, every launch of it):
+
+    PYTHONPATH=. python3 scripts/bwd_design_ab.py single_pass=1 --masks causal [--head-dims 64 128]
+
+B·N = 16k tokens, H·D = 2048, bf16; backward TFLOP/s, do_bench medians, the median over turns; a markdown row per
+shape, and the largest difference between the two versions' gradients.
+"""
+import argparse
+import dataclasses
+import statistics
+
+import torch
+import triton
+from bwd_ab import HIDDEN, TOKENS
+
+from flashtile import configs
+from flashtile.kernels.bwd_hopper import launch_bwd_hopper
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("fields", nargs="+", metavar="FIELD=INT", help="what the variant changes")
+    parser.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    fields = {name: int(value) for name, value in (f.split("=") for f in args.fields)}
+    print(f"| D | mask | N | shipped TFLOP/s | {' '.join(args.fields)} TFLOP/s | shipped / variant time | max diff |")
+    print("|---|---|---|---|---|---|---|")
+    for d in args.head_dims:
+        for mask in args.masks:
+            causal = mask == "causal"
+            shipped = configs.BWD_HOPPER[(d, causal)]
+            versions = {"shipped": shipped, "variant": dataclasses.replace(shipped, **fields)}
+            for n in args.seqlens:
+                b, h = max(1, TOKENS // n), HIDDEN // d
+                q, k, v, out, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(5))
+                lse = torch.randn(b, h, n, device="cuda").abs() + n ** 0.5
+                grads = {}
+
+                def run(name):
+                    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                    launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, True,
+                                      config=versions[name])
+                    grads[name] = (dq, dk, dv)
+                times = {name: [] for name in versions}
+                for name in versions:
+                    run(name)
+                for turn in range(args.rounds):
+                    for name in (("shipped", "variant") if turn % 2 == 0 else ("variant", "shipped")):
+                        times[name].append(triton.testing.do_bench(lambda: run(name), warmup=25, rep=100))
+                ms = {name: statistics.median(t) for name, t in times.items()}
+                flops = 2.5 * 4 * b * h * n * n * d / (2 if causal else 1)
+                diff = max((a.float() - c.float()).abs().max().item() for a, c in zip(grads["shipped"],
+                                                                                       grads["variant"]))
+                print(f"| {d} | {mask} | {n} | {flops / ms['shipped'] * 1e-9:.0f} | "
+                      f"{flops / ms['variant'] * 1e-9:.0f} | {ms['shipped'] / ms['variant']:.3f} | {diff:.2g} |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
