@@ -58,8 +58,8 @@ def demo(args):
           f"{'causal' if causal else 'non-causal'}")
     from .ops import _hopper_config
     hopper = _hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
-    print("forward kernel: " + ("the warp-specialized Hopper kernel (kernels/fwd_hopper.py)" if hopper
-                                else "the portable Triton kernel (kernels/fwd.py)"))
+    print("forward kernel: " + ("the warp-specialized Hopper kernel (kernels/hopper/fwd.py)" if hopper
+                                else "the portable Triton kernel (kernels/portable/fwd.py)"))
 
     out = flash_attn_func(q, k, v, causal=causal)
     ref, _ = reference.attention(q[:1], k[:1], v[:1], causal=causal)
@@ -109,10 +109,10 @@ def viz(args):
 
 
 # The kernel files of each sm90 backward design (configs.HopperBwdConfig.design), in launch order.
-BACKWARD_FILES = {"one pass": "bwd.py (delta, zeroed dQ) -> bwd_hopper.py (dK, dV; dQ by the copy engine's reduce-add)"
-                              " -> bwd.py (dQ cast)",
-                  "two kernels": "{dq} -> bwd_hopper.py (dK, dV)",
-                  "split gradients": "{dq} -> bwd_split_hopper.py (dV, dK: a warpgroup each)"}
+BACKWARD_FILES = {"one pass": "portable/bwd.py (delta, zeroed dQ) -> hopper/bwd.py (dK, dV; dQ by the copy engine's"
+                              " reduce-add) -> portable/bwd.py (dQ cast)",
+                  "two kernels": "{dq} -> hopper/bwd.py (dK, dV)",
+                  "split gradients": "{dq} -> hopper/bwd_split.py (dV, dK: a warpgroup each)"}
 
 
 def backward_plans():
@@ -121,7 +121,7 @@ def backward_plans():
     from . import configs
     lines = []
     for (head_dim, causal), config in sorted(configs.BWD_HOPPER.items()):
-        dq = "bwd_dq_hopper.py (dQ, delta)" if config.dq_hopper is not None else "bwd.py (dQ programs, delta)"
+        dq = "hopper/bwd_dq.py (dQ, delta)" if config.dq_hopper is not None else "portable/bwd.py (dQ programs, delta)"
         plan, exact = (BACKWARD_FILES[config.design(d)].format(dq=dq) for d in (False, True))
         lines.append(f"D={head_dim} {'causal' if causal else 'full'}, from {config.min_seqlen_k} keys: {plan}"
                      + ("" if exact == plan else f"; deterministic=True: {exact}"))

@@ -42,7 +42,7 @@ class BwdConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class HopperFwdConfig:
-    """The warp-specialized sm90 forward (kernels/fwd_hopper.py)."""
+    """The warp-specialized sm90 forward (kernels/hopper/fwd.py)."""
     block_m: int  # Q rows per program, 64 to each consumer warpgroup (two or three of them)
     block_n: int  # K/V rows per tile
     num_stages: int  # K/V tiles in the shared-memory ring
@@ -75,7 +75,7 @@ def hopper_fwd_chain(config):
 
 @dataclass(frozen=True, kw_only=True)
 class HopperDqConfig:
-    """The Gluon dQ kernel (kernels/bwd_dq_hopper.py): Q rows per program (half to each consumer warpgroup),
+    """The Gluon dQ kernel (kernels/hopper/bwd_dq.py): Q rows per program (half to each consumer warpgroup),
     keys per K/V tile, ring stages."""
     block_m: int = 128
     block_n: int = 64
@@ -85,7 +85,7 @@ class HopperDqConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class HopperBwdConfig:
-    """The sm90 backward (kernels/bwd_hopper.py): the Gluon dK/dV kernel's tiles and the dQ kernel's: the
+    """The sm90 backward (kernels/hopper/bwd.py): the Gluon dK/dV kernel's tiles and the dQ kernel's: the
     portable Q-tile programs (``dq``: its block_m2, block_n2, warps, stages) or, with ``dq_hopper``, the Gluon
     dQ kernel."""
     dq: Optional[BwdConfig] = None
@@ -96,7 +96,7 @@ class HopperBwdConfig:
     min_seqlen_k: int = 2048  # "auto" takes it from here: it was measured from 2k keys up
     dq_hopper: Optional[HopperDqConfig] = None
     single_pass: bool = False  # dQ reduced in L2 from the dK/dV kernel (deterministic=True keeps two kernels)
-    split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (bwd_split_hopper.py)
+    split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (hopper/bwd_split.py)
 
     def design(self, deterministic=False):
         """How kernels/bwd_hopper.launch_bwd_hopper runs a call: "one pass", "two kernels" (dQ, then dK and dV) or
@@ -125,7 +125,7 @@ class DecodeConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeHopperConfig:
-    """The warp-specialized Gluon decode kernel (kernels/decode_hopper.py): keys per K/V tile, ring stages, the
+    """The warp-specialized Gluon decode kernel (kernels/hopper/decode.py): keys per K/V tile, ring stages, the
     registers of each consumer warp and the launch's register cap (256 threads: 128 leave room for two programs an SM,
     168 for one)."""
     block_n: int = 64
@@ -139,7 +139,7 @@ class DecodeHopperConfig:
         return min(65536 // (256 * self.maxnreg), 232448 // ring)
 
 
-# ---- The portable kernels (kernels/fwd.py, bwd.py, decode.py) ----
+# ---- The portable kernels (kernels/portable/fwd.py, bwd.py, decode.py) ----
 
 # sm90, bf16/fp16: 64x64 tiles, 4 warps, 3 stages had the best mean over 2k-16k (docs/configs.md#fwd_sm90).
 FWD_SM90 = {(d, causal): TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
@@ -212,8 +212,7 @@ DECODE_PAGED_HEADS_SM90 = {(128, 32): DecodeConfig(block_n=32, num_warps=4, num_
                            (128, 16): DecodeConfig(block_n=16, num_warps=4, num_stages=8, heads=4, max_rows=16)}
 DECODE_PAGED_HEADS_FROM = 4096
 
-# ---- The sm90 Gluon kernels (kernels/fwd_hopper.py, bwd_hopper.py, bwd_dq_hopper.py, bwd_split_hopper.py,
-# decode_hopper.py) ----
+# ---- The sm90 Gluon kernels (kernels/hopper/: fwd.py, bwd.py, bwd_dq.py, bwd_split.py, decode.py) ----
 
 # The forward (docs/configs.md#fwd_hopper): each field measured against the entry without it, in turns in one process.
 FWD_HOPPER = {
@@ -242,7 +241,7 @@ FWD_HOPPER = {
                                                        persistent=True, persistent_max_seqlen=4096, o_kstage=True,
                                                        early_p=True, o_tma=True, balanced=False,
                                                        frozen_max=True)),
-    # two 64-key stages beside the 64 KB Q tile; no ping-pong (re-swept in run 42: docs/configs.md#fwd_hopper)
+    # two 64-key stages beside the 64 KB Q tile, no ping-pong: won a re-sweep (docs/configs.md#fwd_hopper)
     (256, False): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,
                                   persistent=True, early_p=True),
     (256, True): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,

@@ -13,13 +13,13 @@ import triton
 
 from . import configs, dispatch
 from .checks import interpreter_enabled
-from .kernels.bwd import launch_bwd, launch_preprocess
-from .kernels.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
-from .kernels.fwd import launch_fwd
-from .kernels.new_tokens import launch_append, launch_rotary
-from .kernels.packed import launch_safe_offsets, launch_zero_unused_rows
-from .kernels.replay import stream_handle
-from .kernels.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
+from .kernels.common.replay import stream_handle
+from .kernels.common.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
+from .kernels.portable.bwd import launch_bwd, launch_preprocess
+from .kernels.portable.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
+from .kernels.portable.fwd import launch_fwd
+from .kernels.portable.new_tokens import launch_append, launch_rotary
+from .kernels.portable.packed import launch_safe_offsets, launch_zero_unused_rows
 
 
 def _unit_last_stride(t):
@@ -83,7 +83,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     if config is None and not softcap and alibi_slopes is None:
         config = _hopper_config(q, k, v, window_size, max_seqlen_q if packed else q.shape[1])
     if isinstance(config, configs.HopperFwdConfig):
-        from .kernels.fwd_hopper import launch_fwd_hopper
+        from .kernels.hopper.fwd import launch_fwd_hopper
         launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                           _is_causal(window_size), bottom_right, config)
     else:
@@ -96,7 +96,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
 
 def _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
                       bottom_right, config, softcap, alibi_slopes):
-    """kernels/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not."""
+    """kernels/portable/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not."""
     packed = cu_seqlens_q is not None
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
     if packed:
@@ -120,7 +120,7 @@ def _hopper_config(q, k, v, window_size, seqlen_q=None):
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)
     if config is None:
         return None
-    from .kernels.fwd_hopper import supports
+    from .kernels.hopper.fwd import supports
     return config if supports(q, k, v, window_size) else None
 
 
@@ -145,7 +145,7 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
         _ensure_allocator(q.device)
     if (config is None and not softcap and alibi_slopes is None
             and _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q)):
-        from .kernels.bwd_hopper import launch_bwd_hopper
+        from .kernels.hopper.bwd import launch_bwd_hopper
         launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right,
                           deterministic, dlse=dlse)
         return dq, dk, dv
@@ -169,7 +169,7 @@ def _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q):
     if (configs.BWD_BACKEND == "portable" or cu_seqlens_q is not None or _arch(q.device) != (9, 0)
             or interpreter_enabled()):
         return False
-    from .kernels.bwd_hopper import supports
+    from .kernels.hopper.bwd import supports
     if not supports(q, k, v, dout, window_size):
         return False
     config = configs.BWD_HOPPER[(q.shape[-1], _is_causal(window_size))]
@@ -316,7 +316,7 @@ def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, determini
 
 def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
     """x (batch, seqlen, nheads, headdim) turned by the rotary table at each token's position
-    (kernels/new_tokens.py)."""
+    (kernels/portable/new_tokens.py)."""
     x, cos, sin = (_unit_last_stride(t) for t in (x, cos, sin))
     return launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved)
 
@@ -324,7 +324,7 @@ def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
 def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table, cos=None, sin=None,
                     interleaved=True):
     """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place, in
-    one launch (kernels/new_tokens.py); k turned by the rotary table cos, sin first when given."""
+    one launch (kernels/portable/new_tokens.py); k turned by the rotary table cos, sin first when given."""
     k, v, cos, sin = (_unit_last_stride(t) for t in (k, v, cos, sin))
     launch_append(k, v, k_cache, v_cache, cache_seqlens, block_table, batch_idx, cos, sin, interleaved)
 
@@ -343,7 +343,7 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, 
         hopper = _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
                                        window_size, adjacent, programs, capacity, sms)
         if hopper is not None:
-            from .kernels.decode_hopper import launch_decode_hopper
+            from .kernels.hopper.decode import launch_decode_hopper
             launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, hopper, seqlen_new)
             return out, lse
     if config is None and not interpreter_enabled():
@@ -388,7 +388,7 @@ def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, 
     config = dispatch.decode_hopper_config(q.shape[-1], programs, capacity, sms)
     if config is None:
         return None
-    from .kernels import decode_hopper
+    from .kernels.hopper import decode as decode_hopper
     return config if decode_hopper.supports(q, k_cache, v_cache) else None
 
 

@@ -1,9 +1,9 @@
-"""The portable backward (kernels/bwd.py) against another version of that file, in one process, taking turns.
+"""The portable backward (kernels/portable/bwd.py) against another version of that file, in one process, taking turns.
 
     python3 scripts/bwd_ab.py --old path/to/old/bwd.py [--rounds 5]
 
-The old file is loaded as a module of flashtile.kernels (its relative imports resolve there), so only bwd.py may
-differ. Each shape times both launch_bwd's with the shipped tile config (dispatch.bwd_config), rounds turns each,
+The old file is loaded as a module of flashtile.kernels.portable (its relative imports resolve there), so only bwd.py
+may differ. Each shape times both launch_bwd's with the shipped tile config (dispatch.bwd_config), rounds turns each,
 do_bench medians; prints a markdown table, the median over turns of old / new per shape, and checks dQ, dK, dV of
 the two agree.
 """
@@ -15,15 +15,15 @@ import torch
 import triton
 
 from flashtile import dispatch, ops
-from flashtile.kernels import bwd as new_bwd
-from flashtile.kernels.tiles import head_dim_pad
+from flashtile.kernels.common.tiles import head_dim_pad
+from flashtile.kernels.portable import bwd as new_bwd
 
 TOKENS, HIDDEN = 16384, 2048
 
 
-def load_old(path, name="_bwd_old"):
-    """The file at ``path`` as the module flashtile.kernels.<name> (its relative imports resolve there)."""
-    spec = importlib.util.spec_from_file_location(f"flashtile.kernels.{name}", path)
+def load_old(path, name="_bwd_old", package="flashtile.kernels.portable"):
+    """The file at ``path`` as the module <package>.<name> (its relative imports resolve there)."""
+    spec = importlib.util.spec_from_file_location(f"{package}.{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

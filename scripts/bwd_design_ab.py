@@ -2,6 +2,10 @@
 taking turns (kernels/bwd_hopper.launch_bwd_hopper, every launch of it):
 
     PYTHONPATH=. python3 scripts/bwd_design_ab.py single_pass=1 --masks causal [--head-dims 64 128]
+    PYTHONPATH=. python3 scripts/bwd_design_ab.py portable --masks full --seqlens 1024 2048
+
+(``portable``: the variant is the portable backward, kernels/portable/bwd.py, as configs.BWD_BACKEND = "portable"
+runs it.)
 
 B·N = 16k tokens, H·D = 2048, bf16; backward TFLOP/s, do_bench medians, the median over turns; a markdown row per
 shape, and the largest difference between the two versions' gradients.
@@ -14,8 +18,8 @@ import torch
 import triton
 from bwd_ab import HIDDEN, TOKENS
 
-from flashtile import configs
-from flashtile.kernels.bwd_hopper import launch_bwd_hopper
+from flashtile import configs, dispatch, ops
+from flashtile.kernels.hopper.bwd import launch_bwd_hopper
 
 
 def main():
@@ -26,7 +30,8 @@ def main():
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    fields = {name: int(value) for name, value in (f.split("=") for f in args.fields)}
+    portable = args.fields == ["portable"]
+    fields = {} if portable else {name: int(value) for name, value in (f.split("=") for f in args.fields)}
     print(f"| D | mask | N | shipped TFLOP/s | {' '.join(args.fields)} TFLOP/s | shipped / variant time | max diff |")
     print("|---|---|---|---|---|---|---|")
     for d in args.head_dims:
@@ -34,6 +39,7 @@ def main():
             causal = mask == "causal"
             shipped = configs.BWD_HOPPER[(d, causal)]
             versions = {"shipped": shipped, "variant": dataclasses.replace(shipped, **fields)}
+            portable_config = dispatch.bwd_config(d, causal, 2, (9, 0), False)
             for n in args.seqlens:
                 b, h = max(1, TOKENS // n), HIDDEN // d
                 q, k, v, out, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(5))
@@ -41,6 +47,11 @@ def main():
                 grads = {}
 
                 def run(name):
+                    if portable and name == "variant":
+                        grads[name] = ops.attention_backward(dout, q, k, v, out, lse, d ** -0.5,
+                                                             (-1, 0) if causal else (-1, -1), True, False,
+                                                             config=portable_config)
+                        return
                     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
                     launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, True,
                                       config=versions[name])

@@ -1,11 +1,12 @@
-"""The sm90 backward (kernels/bwd_hopper.launch_bwd_hopper, every launch of it) against another version of
-kernels/bwd_hopper.py, in one process, taking turns:
+"""The sm90 backward (kernels/hopper/bwd.launch_bwd_hopper, every launch of it) against another version of
+kernels/hopper/bwd.py, in one process, taking turns:
 
-    PYTHONPATH=. python3 scripts/bwd_hopper_ab.py --old path/to/old/bwd_hopper.py [--rounds 3]
+    PYTHONPATH=. python3 scripts/bwd_hopper_ab.py --old path/to/old/hopper/bwd.py [--rounds 3]
 
-The old file is loaded as a module of flashtile.kernels (its relative imports resolve there), so only bwd_hopper.py
-may differ. Each shape (B·N = 16k tokens, H·D = 2048, bf16) times both with the shipped config, do_bench medians, the
-median over turns; prints a markdown row per shape (backward TFLOP/s, old / new time) and checks that the two agree.
+The old file is loaded as a module of flashtile.kernels.hopper (its relative imports resolve there), so only
+kernels/hopper/bwd.py may differ. Each shape (B·N = 16k tokens, H·D = 2048, bf16) times both with the shipped
+config, do_bench medians, the median over turns; prints a markdown row per shape (backward TFLOP/s, old / new time)
+and checks that the two agree.
 """
 import argparse
 import statistics
@@ -14,17 +15,17 @@ import torch
 import triton
 from bwd_ab import HIDDEN, TOKENS, load_old
 
-from flashtile.kernels import bwd_hopper as new_module
+from flashtile.kernels.hopper import bwd as new_module
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", required=True, help="the other bwd_hopper.py")
+    parser.add_argument("--old", required=True, help="the other kernels/hopper/bwd.py")
     parser.add_argument("--rounds", type=int, default=3, help="turns each version takes per shape")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     args = parser.parse_args()
-    modules = {"old": load_old(args.old, "_bwd_hopper_old"), "new": new_module}
+    modules = {"old": load_old(args.old, "_bwd_old", "flashtile.kernels.hopper"), "new": new_module}
     print("| D | causal | N | old TFLOP/s | new TFLOP/s | old / new time | max |new − old| (dq, dk, dv) |")
     print("|---|---|---|---|---|---|---|")
     for d in args.head_dims:

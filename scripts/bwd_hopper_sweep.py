@@ -10,7 +10,7 @@ import triton
 
 from flashtile import configs
 from flashtile.configs import HopperBwdConfig, HopperDqConfig
-from flashtile.kernels.bwd_hopper import launch_bwd_hopper
+from flashtile.kernels.hopper.bwd import launch_bwd_hopper
 from flashtile.ops import attention_backward, attention_forward
 
 SPLIT = dict(block_n=64, split_gradients=True, min_seqlen_k=0)

@@ -1,4 +1,4 @@
-"""Eager forward + backward of short calls with the backward's launches replayed (kernels/replay.py) or through
+"""Eager forward + backward of short calls with the backward's launches replayed (kernels/common/replay.py) or through
 Triton's launcher every call, in one process, taking turns: µs per call of back-to-back calls (the shapes of
 ``flashtile.bench.small_calls``). Run on the GPU: ``PYTHONPATH=. python scripts/bwd_replay_ab.py``."""
 import contextlib
@@ -8,7 +8,9 @@ from unittest import mock
 import torch
 
 from flashtile.bench.small_calls import SHAPES, peers, per_call_us
-from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper
+from flashtile.kernels.hopper import bwd as bwd_hopper
+from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+from flashtile.kernels.portable import bwd
 
 
 def main(rounds=7, calls=200):

@@ -12,8 +12,8 @@ import torch
 import triton
 
 from flashtile import configs
-from flashtile.kernels.bwd import launch_dq_cast, launch_preprocess
-from flashtile.kernels.bwd_hopper import dq_acc_shape, flash_bwd_dkdv_hopper_kernel, launch_args, launch_bwd_hopper
+from flashtile.kernels.hopper.bwd import dq_acc_shape, flash_bwd_dkdv_hopper_kernel, launch_args, launch_bwd_hopper
+from flashtile.kernels.portable.bwd import launch_dq_cast, launch_preprocess
 from flashtile.ops import attention_forward
 
 

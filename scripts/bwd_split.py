@@ -9,8 +9,8 @@ import torch
 import triton
 
 from flashtile import configs, dispatch
-from flashtile.kernels.bwd import launch_bwd, launch_preprocess
-from flashtile.kernels.bwd_hopper import flash_bwd_dkdv_hopper_kernel, launch_args, launch_bwd_hopper
+from flashtile.kernels.hopper.bwd import flash_bwd_dkdv_hopper_kernel, launch_args, launch_bwd_hopper
+from flashtile.kernels.portable.bwd import launch_bwd, launch_preprocess
 from flashtile.ops import attention_forward
 
 DQ_CANDIDATES = [configs.from_fields(configs.BwdConfig, (64, 64, m2, n2, warps, stages, "none"))

@@ -15,10 +15,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from flashtile import configs, dispatch
-from flashtile.kernels.bwd import flash_bwd_kernel
-from flashtile.kernels.decode import flash_decode_split_kernel, merge_rows_per_step
-from flashtile.kernels.fwd import flash_fwd_kernel
-from flashtile.kernels.tiles import head_dim_pad
+from flashtile.kernels.common.tiles import head_dim_pad
+from flashtile.kernels.portable.bwd import flash_bwd_kernel
+from flashtile.kernels.portable.decode import flash_decode_split_kernel, merge_rows_per_step
+from flashtile.kernels.portable.fwd import flash_fwd_kernel
 
 FLOATS = {"qk_scale", "softmax_scale", "softcap_scale", "alibi_unit"}
 TARGET = GPUTarget("cuda", 90, 32)
@@ -96,7 +96,7 @@ def shipped_jobs():
              for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
     jobs += [(compile_bwd, (head_dim, causal, cfg.dq, False, "none", True))
              for (head_dim, causal), cfg in configs.BWD_HOPPER.items() if cfg.dq is not None]
-    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     jobs += [(compile_hopper_fwd, (head_dim, causal, cfg)) for (head_dim, causal), top in configs.FWD_HOPPER.items()
              if GLUON_VERSION_OK for cfg in configs.hopper_fwd_chain(top)]
     return jobs
@@ -135,7 +135,7 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
     whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)"""
     import torch
 
-    from flashtile.kernels import fwd_hopper
+    from flashtile.kernels.hopper import fwd as fwd_hopper
 
     q, k, v = (torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(2, 4, seqlen)
@@ -154,11 +154,11 @@ def _backward_inputs(head_dim, nheads_k):
 
 
 def compile_hopper_bwd(causal, single_pass=False, head_dim=128):
-    """The Gluon dK/dV kernel (kernels/bwd_hopper.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
+    """The Gluon dK/dV kernel (kernels/hopper/bwd.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
     ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ."""
     import torch
 
-    from flashtile.kernels import bwd_hopper
+    from flashtile.kernels.hopper import bwd as bwd_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     config = configs.BWD_HOPPER[(head_dim, causal)]
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config)) if single_pass else None
@@ -169,11 +169,11 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128):
 
 
 def compile_hopper_split(causal, nheads_k=2, head_dim=256):
-    """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/bwd_split_hopper.py) with its shipped config,
+    """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/hopper/bwd_split.py) with its shipped config,
     8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants)."""
     import torch
 
-    from flashtile.kernels import bwd_split_hopper
+    from flashtile.kernels.hopper import bwd_split as bwd_split_hopper
     q, k, lse = _backward_inputs(head_dim, nheads_k)
     config = configs.BWD_HOPPER[(head_dim, causal)]
     grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
@@ -183,9 +183,9 @@ def compile_hopper_split(causal, nheads_k=2, head_dim=256):
 
 
 def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False):
-    """The Gluon dQ kernel (kernels/bwd_dq_hopper.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
+    """The Gluon dQ kernel (kernels/hopper/bwd_dq.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
     one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it."""
-    from flashtile.kernels import bwd_dq_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
     config = config or configs.BWD_HOPPER[(head_dim, causal)].dq_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in)
@@ -194,11 +194,11 @@ def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False):
 
 
 def compile_hopper_decode(layout, config=None):
-    """The Gluon decode kernel (kernels/decode_hopper.py), D=128, GQA 32/8, on a key- or head-major cache, as
+    """The Gluon decode kernel (kernels/hopper/decode.py), D=128, GQA 32/8, on a key- or head-major cache, as
     compile_hopper_fwd."""
     import torch
 
-    from flashtile.kernels import decode_hopper
+    from flashtile.kernels.hopper import decode as decode_hopper
     config = config or configs.DECODE_HOPPER[128]
     q = torch.empty(4, 1, 32, 128, dtype=torch.bfloat16)
     k = (torch.empty(4, 4096, 8, 128, dtype=torch.bfloat16) if layout == "key" else

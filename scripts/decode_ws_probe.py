@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon decode kernel (kernels/decode_hopper.py) against the shipped dispatch, the same held to
+"""The warp-specialized Gluon decode kernel (kernels/hopper/decode.py) against the shipped dispatch, the same held to
 the portable kernel, and SDPA's cuDNN, in paired turns (decode_paired.paired_rows), over caches of both layouts. Each
 Gluon config is first checked against a float32 reference on ragged lengths with NaN past each one (O and LSE).
 
@@ -13,7 +13,7 @@ import torch
 from flashtile import configs
 from flashtile.bench.decode import peers
 from flashtile.configs import DecodeHopperConfig, from_fields
-from flashtile.kernels.decode_hopper import launch_decode_hopper, supports
+from flashtile.kernels.hopper.decode import launch_decode_hopper, supports
 from scripts.decode_paired import HEADER, paired_rows
 from scripts.decode_read_floor import cache
 

@@ -1,5 +1,5 @@
 """Tile sweep of the dQ kernels that run before the sm90 dK/dV kernel (each writing delta as well): the portable
-Q-tile programs (no atomics) and the Gluon dQ kernel (kernels/bwd_dq_hopper.py); D=128 bf16, B·N = 16k,
+Q-tile programs (no atomics) and the Gluon dQ kernel (kernels/hopper/bwd_dq.py); D=128 bf16, B·N = 16k,
 16 heads. Each Gluon cell also checks dQ and delta against the portable programs' (max error / max value).
 The winners go to configs.BWD_HOPPER. Run on the GPU: ``PYTHONPATH=. python scripts/dq_sweep.py [--portable]``
 (``--portable``: every portable candidate, not only the two in configs)."""
@@ -10,8 +10,8 @@ import torch
 import triton
 
 from flashtile.configs import BwdConfig, HopperDqConfig
-from flashtile.kernels.bwd import launch_bwd
-from flashtile.kernels.bwd_dq_hopper import launch_dq_hopper
+from flashtile.kernels.hopper.bwd_dq import launch_dq_hopper
+from flashtile.kernels.portable.bwd import launch_bwd
 from flashtile.ops import attention_forward
 
 # (block_m2, block_n2, num_warps, num_stages); the K/V-tile fields are unused with dkdv=False

@@ -9,7 +9,7 @@ import math
 import torch
 
 from flashtile import reference
-from flashtile.kernels.online_softmax import LOG2E
+from flashtile.kernels.common.online_softmax import LOG2E
 
 
 def emulate(q, k, v, mode, block_n=128):

@@ -13,7 +13,7 @@ import triton
 
 import flashtile
 from flashtile import checks, dispatch, ops
-from flashtile.kernels.decode import launch_decode, partial_elements
+from flashtile.kernels.portable.decode import launch_decode, partial_elements
 
 
 @triton.jit

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import compile_sm90  # noqa: E402
 
 from flashtile import configs  # noqa: E402
-from flashtile.kernels import fwd_hopper  # noqa: E402
+from flashtile.kernels.hopper import fwd as fwd_hopper  # noqa: E402
 
 
 def code_of(ptx):

@@ -10,8 +10,8 @@ memory, and the worker warps read them, ordered by ``barrier.sync 1`` (a named b
 scratch is ordered by a named barrier of that partition's 128 threads (``bar.sync id, 128``); ``uneven``: the default
 partition through seven conversions, the worker through one, so that they pass unequal numbers of such barriers;
 ``mbarrier``: as ``minimal``, the default partition waiting on an mbarrier that the worker arrives on.
-``fwd``, ``bwd``, ``decode``: the warp-specialized kernels (kernels/fwd_hopper.py, bwd_dq_hopper.py and bwd_hopper.py,
-decode_hopper.py) on small problems, to compare their reports with the minimal ones.
+``fwd``, ``bwd``, ``decode``: the warp-specialized kernels (kernels/hopper/fwd.py, bwd_dq.py and bwd.py,
+decode.py) on small problems, to compare their reports with the minimal ones.
 """
 import sys
 
@@ -95,7 +95,7 @@ def fwd():
 
 
 def bwd():
-    """The sm90 dQ and dK/dV Gluon kernels (kernels/bwd_dq_hopper.py, bwd_hopper.py)."""
+    """The sm90 dQ and dK/dV Gluon kernels (kernels/hopper/bwd_dq.py, bwd.py)."""
     import flashtile
     from flashtile import ops
     q, k, v = (torch.randn(1, 2048, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -106,7 +106,7 @@ def bwd():
 
 
 def decode():
-    """The sm90 decode kernel (kernels/decode_hopper.py): 30 x 8 programs over a head-major cache of 4096 keys."""
+    """The sm90 decode kernel (kernels/hopper/decode.py): 30 x 8 programs over a head-major cache of 4096 keys."""
     import flashtile
     q = torch.randn(30, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(30, 8, 4096, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))

@@ -1,4 +1,4 @@
-"""Host time of the raw replay (kernels/replay.py, _RawLaunch) against Triton's own CudaLauncher path, for a
+"""Host time of the raw replay (kernels/common/replay.py, _RawLaunch) against Triton's own CudaLauncher path, for a
 decode-like argument list (two pinned descriptors, ~50 arguments) and a stand-in C launch function; runs on
 any machine (the descriptors take Triton's unencoded path here, so the GPU's per-call encoding is not in it).
 
@@ -10,7 +10,7 @@ import torch
 from triton.backends.nvidia import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashtile.kernels import replay
+from flashtile.kernels.common import replay
 
 INTS, CONSTEXPRS = 40, 14
 

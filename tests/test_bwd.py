@@ -322,10 +322,10 @@ def test_opcheck():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_dq_programs_that_write_delta(causal):
-    """The sm90 backward's first launch (kernels/bwd_hopper.py): dQ-only programs that also compute
+    """The sm90 backward's first launch (kernels/hopper/bwd.py): dQ-only programs that also compute
     delta = rowsum(dO ∘ O) for the dK/dV kernel after them, in place of the preprocess launch. Both must equal
     what the preprocess and the portable backward give, on a ragged length with GQA."""
-    from flashtile.kernels.bwd import launch_bwd, launch_preprocess
+    from flashtile.kernels.portable.bwd import launch_bwd, launch_preprocess
     q, dout = (randn(2, 77, 4, 64, dtype=torch.float16) for _ in range(2))
     k, v = (randn(2, 77, 2, 64, dtype=torch.float16) for _ in range(2))
     window = (-1, 0) if causal else (-1, -1)
@@ -348,7 +348,7 @@ def test_dq_programs_that_write_delta(causal):
 def test_preprocess_subtracts_the_lse_gradient():
     """launch_preprocess(..., dlse=): delta − dLSE in the same launch, whatever strides the gradient comes with (a
     transposed one, an expanded one with stride 0), batch and packed."""
-    from flashtile.kernels.bwd import launch_preprocess
+    from flashtile.kernels.portable.bwd import launch_preprocess
     out, dout = (randn(2, 77, 4, 64, dtype=torch.float16) for _ in range(2))
     lse = torch.randn(2, 4, 77, device=DEVICE)
     delta = launch_preprocess(out, dout, lse, None, 77)
@@ -370,7 +370,7 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     the float32 head-major dQ (rows rounded up to whole tiles, here 128 ≥ 77, on a NaN-filled buffer), and the cast
     writes scale · dQacc (each tile's halves in the order the kernel's threads hold them) into a (batch, seqlen,
     nheads, headdim) dQ, no row past seqlen."""
-    from flashtile.kernels import bwd
+    from flashtile.kernels.portable import bwd
     out, dout = (randn(2, 77, 3, 64, dtype=torch.float16) for _ in range(2))
     lse = torch.randn(2, 3, 77)
     real_empty = torch.empty
@@ -380,7 +380,7 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     assert torch.equal(zeros, torch.zeros(2, 3, 128, 64))
     expected = (out.float() * dout.float()).sum(-1).transpose(1, 2)
     torch.testing.assert_close(delta, expected, atol=1e-3, rtol=1e-3)
-    from flashtile.kernels.bwd_hopper import dq_tile_order
+    from flashtile.kernels.hopper.bwd import dq_tile_order
     full = torch.randn(2, 3, 128, head_dim)  # (batch, head, two 64-row Q tiles, head dim)
     halves = full.reshape(2, 3, 2, 64, 2, head_dim // 2).transpose(3, 4)  # each warpgroup's columns
     acc = dq_tile_order(halves).reshape(2, 3, 128, head_dim)
@@ -394,7 +394,7 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
 def test_offsets_never_leave_the_packed_tensors(deterministic):
     """With the value checks off (as on the GPU by default), cu_seqlens that decrease, start below 0 or end past
     the packed tensors give a wrong answer but no read outside q, k, v, dO: each sits between NaN guards, and out,
-    LSE, dq, dk, dv stay finite (kernels/packed.py clamps the offsets first)."""
+    LSE, dq, dk, dv stay finite (kernels/portable/packed.py clamps the offsets first)."""
     from test_decode import _guarded
     total_q, total_k, nheads, head_dim = 40, 50, 2, 32
     (q, _), (dout, _) = _guarded(total_q, nheads, head_dim), _guarded(total_q, nheads, head_dim)

@@ -5,7 +5,7 @@ from helpers import DEVICE, randn, value_checks
 
 import flashtile
 from flashtile import checks
-from flashtile.kernels import fwd
+from flashtile.kernels.portable import fwd
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +154,7 @@ def test_value_checks_can_be_turned_off(monkeypatch):
     """With set_value_checks(False) the host never reads cu_seqlens: a too-small max_seqlen goes unnoticed. By default
     the check runs where cu_seqlens lives on the host (the CPU tier) and not on the GPU (no sync); the debug mode
     runs it everywhere."""
-    from flashtile.kernels import packed
+    from flashtile.kernels.portable import packed
     q, k, v, cu, max_seqlen = varlen()
     monkeypatch.setattr(fwd.flash_fwd_kernel, "run", lambda *args, **kwargs: None)
     monkeypatch.setattr(packed.safe_offsets_kernel, "run", lambda *args, **kwargs: None)

@@ -68,7 +68,7 @@ def test_info_names_the_files_that_run_each_sm90_backward():
     assert len(lines) == len(configs.BWD_HOPPER)
     kernels = Path(cli.__file__).parent / "kernels"
     for line in lines:
-        for name in re.findall(r"(\w+\.py)", line):
-            assert (kernels / name).is_file(), line
-    assert any("bwd_split_hopper.py" in line and line.startswith("D=256") for line in lines)
-    assert any("deterministic=True: bwd_dq_hopper.py" in line for line in lines)  # the one pass's exact fallback
+        names = re.findall(r"(\w+/\w+\.py)", line)
+        assert names and all((kernels / name).is_file() for name in names), line
+    assert any("hopper/bwd_split.py" in line and line.startswith("D=256") for line in lines)
+    assert any("deterministic=True: hopper/bwd_dq.py" in line for line in lines)  # the one pass's exact fallback

@@ -31,7 +31,7 @@ def _compile_in_shards(*args, shards=2):
 def test_forward_compiles_for_sm90():
     rows = _compile_in_shards()
     from flashtile import configs
-    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
@@ -75,7 +75,7 @@ def test_every_decode_launch_compiles_for_sm90():
 def test_decode_rows_a_program_stay_within_the_config():
     """More query rows than a config's max_rows take more row tiles (one arrival counter each), never a larger tile."""
     from flashtile import configs, dispatch
-    from flashtile.kernels.decode import arrival_slots, block_rows
+    from flashtile.kernels.portable.decode import arrival_slots, block_rows
     d64, d128 = configs.DECODE_SM90[64], configs.DECODE_SM90[128]
     assert block_rows(6, 64, d64) == 32 and arrival_slots(2, 1, 6, 64, d64) == 2 * 12  # 384 rows in 12 tiles
     assert block_rows(6, 64, d128) == 128 and block_rows(4, 1, d128) == 16 and block_rows(3, 5, d128) == 16
@@ -105,7 +105,7 @@ def _gluon_backward_rows(function, extra=""):
 
 
 def test_hopper_backward_compiles_for_sm90():
-    """kernels/bwd_hopper.py: warp-specialized, wgmma asynchronous, within shared memory. At D=128 causal with GQA
+    """kernels/hopper/bwd.py: warp-specialized, wgmma asynchronous, within shared memory. At D=128 causal with GQA
     it spills a few loop-invariant scalars (ptxas -v: 24 bytes; its branch that masks only the diagonal tiles costs
     registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md); otherwise none."""
     for row in _gluon_backward_rows("compile_hopper_bwd") + _gluon_backward_rows("compile_hopper_bwd", ", False, 64"):
@@ -116,7 +116,7 @@ def test_hopper_backward_compiles_for_sm90():
 
 
 def test_hopper_single_pass_backward_compiles_for_sm90():
-    """kernels/bwd_hopper.py in one pass: each consumer adds dS K for its half of dQ's columns over both consumers'
+    """kernels/hopper/bwd.py in one pass: each consumer adds dS K for its half of dQ's columns over both consumers'
     keys (two more products), handed to the copy engine as one [D, 32] float32 box, no atomics; wgmma asynchronous;
     no spills (before the rows' LSE and delta came through shared memory: 220 and 308 bytes at D=128)."""
     for row in (_gluon_backward_rows("compile_hopper_bwd", ", True")
@@ -130,7 +130,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
 @pytest.mark.parametrize("delta_in", [False, True], ids=["delta-here", "delta-in"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
 def test_hopper_dq_compiles_for_sm90(head_dim, delta_in):
-    """kernels/bwd_dq_hopper.py with each head dim's shipped tiles, computing delta or reading it: warp-specialized,
+    """kernels/hopper/bwd_dq.py with each head dim's shipped tiles, computing delta or reading it: warp-specialized,
     wgmma asynchronous, no spills, within shared memory."""
     from flashtile import configs
     rows = _gluon_backward_rows("compile_hopper_dq", f", None, {head_dim}, {delta_in}")
@@ -141,7 +141,7 @@ def test_hopper_dq_compiles_for_sm90(head_dim, delta_in):
 
 @pytest.mark.parametrize("nheads_k", [1, 2, 8], ids=lambda h: f"hk{h}")
 def test_hopper_split_backward_compiles_for_sm90(nheads_k):
-    """kernels/bwd_split_hopper.py (D=256): one warpgroup per gradient, each two products a step (Sᵀ and dV, dPᵀ and
+    """kernels/hopper/bwd_split.py (D=256): one warpgroup per gradient, each two products a step (Sᵀ and dV, dPᵀ and
     dK), no spills, within shared memory; GQA groups of 8, 4 and 1 (a group or head count of 1 arrives as a
     constant, which once failed to compile on the GPU)."""
     for row in _gluon_backward_rows("compile_hopper_split", f", {nheads_k}"):
@@ -154,7 +154,7 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers
     get 160 registers, wgmma asynchronous, within shared memory (with the scratch of O's conversion to 16-byte
     row runs); causal spills 68 bytes (ptxas -v), a path the shipped configs leave to the portable kernel."""
-    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(block_m=192, block_n=128, "  # noqa: E501
@@ -168,7 +168,7 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
 def test_hopper_forward_compiles_for_one_query_row():
     """Nq = 1 reaches the compiler as a constant (triton specializes 1), which folds more of the schedule
     (kernels/fwd_hopper._item): every shipped non-causal config still compiles, wgmma asynchronous."""
-    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     rows = _compiled_rows("[compile_sm90.compile_hopper_fwd(d, False, c, seqlen=1) for d in (64, 128) "
@@ -202,7 +202,7 @@ def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
 def test_hopper_forward_spills_outside_the_key_loops():
     """The configs that spill (D=64 causal in three warpgroups, D=128 causal) keep every K/V loop free of local memory:
     the spilled values are reloaded once per work item (scripts/sass_mix.key_loops on the disassembly)."""
-    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     loops = _compiled_rows("[(d, c.block_m, [list(x) for x in __import__('sass_mix').key_loops("
@@ -215,11 +215,11 @@ def test_hopper_forward_spills_outside_the_key_loops():
 
 
 def test_hopper_decode_compiles_for_sm90():
-    """kernels/decode_hopper.py, both configs on both cache layouts: warp-specialized (registers moved to the consumer
+    """kernels/hopper/decode.py, both configs on both cache layouts: warp-specialized (registers moved to the consumer
     warps), no
     spills, within shared memory, two TMA loads (K, V) and each consumer's mma.sync: 4 warps x (2 · 8 for Q·Kᵀ of 16
     keys + 16 for P·V) a tile."""
-    from flashtile.kernels.fwd_hopper import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     for row in _compiled_rows("[compile_sm90.compile_hopper_decode(l, c) for l in ('key', 'head') "

@@ -8,7 +8,7 @@ from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, tor
 import flashtile
 from flashtile import dispatch, reference
 from flashtile.bench.decode import paged_cache
-from flashtile.kernels.tiles import tma_addressable
+from flashtile.kernels.common.tiles import tma_addressable
 
 paged = functools.partial(paged_cache, spare_pages=3)  # the same cache as shuffled pages, and its block table
 
@@ -93,8 +93,9 @@ def _rotary_table(seqlen_ro, half):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
 @pytest.mark.parametrize("dims", [(64, 64), (64, 32), (40, 16)], ids=lambda d: f"d{d[0]}-rot{d[1]}")
 def test_rotary_kernel(dims, interleaved, per_token):
-    """kernels/new_tokens.py against the float64 reference, within 2x the rounding of that reference to fp16."""
-    from flashtile.kernels.new_tokens import launch_rotary
+    """kernels/portable/new_tokens.py against the float64 reference, within 2x the rounding of that reference to
+    fp16."""
+    from flashtile.kernels.portable.new_tokens import launch_rotary
     head_dim, rotary_dim = dims
     x = randn(3, 5, 6, head_dim, dtype=torch.float16)
     cos, sin = (t + 0.1 * torch.randn_like(t) for t in _rotary_table(60, rotary_dim // 2))  # not only unit pairs
@@ -423,7 +424,7 @@ def test_paged_dispatch():
                                                                           num_stages=5)  # not TMA-addressable: pointers
     assert rule(48, 8, 4, True, True, *b8_32k).block_n == 16
     assert dispatch.decode_paged_config(64, 256, 8, 4, True, True, *b32_32k) is None  # D=64: the contiguous tiles
-    from flashtile.kernels.decode import reads_by_tma
+    from flashtile.kernels.portable.decode import reads_by_tma
     pool = randn(6, 16, 8, 64, dtype=torch.float16)
     assert reads_by_tma(pool, pool) and not reads_by_tma(pool, pool[..., ::2])
 

@@ -43,7 +43,7 @@ def test_large_gradients(seqlen, head_dim, dtype, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_portable_backward_where_the_sm90_kernel_runs_by_default(monkeypatch, causal):
-    """D=128 from 2048 keys goes to kernels/bwd_hopper.py on sm90; FLASHTILE_BWD_BACKEND=portable must still
+    """D=128 from 2048 keys goes to kernels/hopper/bwd.py on sm90; FLASHTILE_BWD_BACKEND=portable must still
     give the one-launch portable backward there, and it must stay right."""
     monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
     check(2, 4096, 4096, 4, 2, 128, torch.bfloat16, causal)
@@ -209,8 +209,8 @@ def test_softcap_alibi_gradients_bf16(causal):
          "hopper-d64-deterministic", "hopper-d256"])
 def test_a_repeated_backward_replays_its_launches(backend, head_dim, causal, deterministic, monkeypatch):
     """A training loop repeats its shapes: from the second step every backward launch is replayed
-    (kernels/replay.py) with the step's own tensors, and the gradients stay right."""
-    from flashtile.kernels import replay
+    (kernels/common/replay.py) with the step's own tensors, and the gradients stay right."""
+    from flashtile.kernels.common import replay
     if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm90 backward")
     monkeypatch.setattr(configs, "BWD_BACKEND", backend)

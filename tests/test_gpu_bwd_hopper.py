@@ -1,5 +1,5 @@
-"""GPU tier: the sm90 backward (kernels/bwd_hopper.py in one pass with dQ by the copy engine's reduce-add, or after
-kernels/bwd_dq_hopper.py; D=256 by kernels/bwd_split_hopper.py after it; forced with FLASHTILE_BWD_BACKEND=hopper)
+"""GPU tier: the sm90 backward (kernels/hopper/bwd.py in one pass with dQ by the copy engine's reduce-add, or after
+kernels/hopper/bwd_dq.py; D=256 by kernels/hopper/bwd_split.py after it; forced with FLASHTILE_BWD_BACKEND=hopper)
 against the float64 reference, beside PyTorch's own error."""
 import dataclasses
 
@@ -64,7 +64,7 @@ def test_gradients(head_dim, shape, causal, dtype, bwd_path):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_gradients_d256(shape, causal, dtype):
-    """D=256: the dQ kernel, then one warpgroup per gradient (kernels/bwd_split_hopper.py)."""
+    """D=256: the dQ kernel, then one warpgroup per gradient (kernels/hopper/bwd_split.py)."""
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 256, dtype, causal)
 

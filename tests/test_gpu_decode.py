@@ -26,7 +26,7 @@ def _arch_sm90():
 def _decode_launches(monkeypatch):
     """The configs of every launch of the warp-specialized decode kernel, and of the portable one, from here on."""
     from flashtile import ops
-    from flashtile.kernels import decode_hopper
+    from flashtile.kernels.hopper import decode as decode_hopper
     seen = {"hopper": [], "portable": []}
     launch, launch_hopper = ops.launch_decode, decode_hopper.launch_decode_hopper
     monkeypatch.setattr(ops, "launch_decode", lambda *a, **kw: (seen["portable"].append(a[12]), launch(*a, **kw)))
@@ -93,7 +93,7 @@ def test_decode_long_cache_many_splits():
 @pytest.mark.parametrize("layout", ["key-major", "head-major"])
 def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
     """B=32, L=32k: one new token over SDPA's head-major cache takes the warp-specialized kernel
-    (kernels/decode_hopper.py)
+    (kernels/hopper/decode.py)
     on sm90; two new tokens, causal, the portable one, which reads that layout one head a program, as it reads
     flash-attn's key-major cache four KV heads a program (dispatch.decode_heads_config), whatever the new tokens; all
     right at ragged lengths (0, 1, around the split edge, full)."""
@@ -122,12 +122,12 @@ def test_decode_by_cache_layout(layout, new_tokens, monkeypatch):
 def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
     """One split whose (batch, KV head) programs fill their waves (dispatch.decode_hopper_config): B=32 with 8 KV heads
     over 16k keys, B=128 with 2 (eight query heads each) over 4k, each of the two ring depths.
-    kernels/decode_hopper.py on sm90 over a head-major cache (the portable kernel over a key-major
+    kernels/hopper/decode.py on sm90 over a head-major cache (the portable kernel over a key-major
     one), right in O and LSE at ragged lengths (0, 1,
     around the 64-key tiles, full) with NaN in every cache slot past a sequence, with or without a new token appended
     first; the output filled with NaN beforehand shows any row it leaves unwritten."""
     from flashtile import ops
-    from flashtile.kernels.tiles import num_sms
+    from flashtile.kernels.common.tiles import num_sms
     nheads, nheads_k = heads
     batch, capacity = (32, 16384) if nheads_k == 8 else (128, 4096)  # the configs from 16k keys and under
     seen = _decode_launches(monkeypatch)
@@ -179,7 +179,7 @@ def test_decode_in_three_waves(monkeypatch):
     """B=40: 320 (batch, KV head) programs, which at two an SM would end on a tail of 56 after one full wave, run one an
     SM (dispatch.decode_waves; 3 stages on a 132-SM H200), right at ragged lengths."""
     from flashtile import configs
-    from flashtile.kernels.tiles import num_sms
+    from flashtile.kernels.common.tiles import num_sms
     configs_seen = _decode_launches(monkeypatch)["portable"]
     batch, capacity = 40, 4096
     lengths = [0, 1, capacity, 127, 128, 129] + torch.randint(1, capacity, (batch - 6,)).tolist()
@@ -210,11 +210,11 @@ def test_decode_under_cuda_graph():
 
 @pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "page16"])
 def test_decode_loop_replays_see_each_steps_tensors(page_size):
-    """A decode loop keeps its shapes, so after the first step every launch is a replay (kernels/replay.py):
+    """A decode loop keeps its shapes, so after the first step every launch is a replay (kernels/common/replay.py):
     each step's q, new keys and lengths must be the ones read, and a second cache of the same shape (another
     address, so another launch key) must be read, not the first. The append replays too (its key has no
     address)."""
-    from flashtile.kernels import decode, new_tokens
+    from flashtile.kernels.portable import decode, new_tokens
     batch, capacity, nheads, nheads_k, head_dim = 2, 8192, 32, 8, 128
     for cache_round in range(2):
         k_full, v_full = (randn(batch, capacity, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))

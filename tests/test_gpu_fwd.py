@@ -262,7 +262,7 @@ def test_claims(head_dim, which, forward_backend, monkeypatch):
     heads of 1000 rows take pairs, then single tiles. Each launch's last claim sets the counter back to 0."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    from flashtile.kernels import fwd_hopper
+    from flashtile.kernels.hopper import fwd as fwd_hopper
     cfg = list(configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, True)]))[which]
     cfg = dataclasses.replace(cfg, claims=cfg.claims or 2, persistent_max_seqlen=1 << 31)
     check_hopper_config(cfg, head_dim, True, monkeypatch)
@@ -277,7 +277,7 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
     call replay to the eager result, one after the other and both at once on two streams."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    from flashtile.kernels import fwd_hopper
+    from flashtile.kernels.hopper import fwd as fwd_hopper
     cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], claims=2, min_seqlen_q=0, below=None)
     monkeypatch.setattr(configs, "FWD_HOPPER", {(128, True): cfg})
     q, k, v = (randn(4, 1000, 32, 128, dtype=torch.bfloat16) for _ in range(3))
@@ -311,8 +311,8 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000):
     """``kind`` "rising": scores that rise along the keys, by about 100 log2 units in the query heads of KV head 0 and
     40 in KV head 1's; their rows move their reference up as the sums grow (fwd_hopper._rebase) and none falls back.
     "dominant": one key (the middle one) 150 log2 units above the rest in KV head 0's query heads, where P overflows
-    float32, so those rows fall back to kernels/exact_rows.py. The other rows are random. Poisoned outputs show rows
-    nobody stored."""
+    float32, so those rows fall back to kernels/hopper/exact_rows.py. The other rows are random. Poisoned outputs show
+    rows nobody stored."""
     q = randn(2, seqlen, 4, head_dim, dtype=torch.bfloat16)
     k, v = (randn(2, seqlen, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
     rises = ((0, 100.0), (1, 40.0)) if kind == "rising" else ((0, 150.0), )
@@ -324,7 +324,7 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000):
         else:
             k[:, :, kv_head, 0] = 0.0
             k[:, seqlen // 2, kv_head, 0] = amplitude
-    from flashtile.kernels import fwd_hopper
+    from flashtile.kernels.hopper import fwd as fwd_hopper
     for counter in fwd_hopper._COUNTERS.values():
         counter.zero_()
     with poisoned_outputs():

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from flashtile import configs, ops
-from flashtile.kernels import fwd_hopper, hopper_common
-from flashtile.kernels.tiles import num_sms
+from flashtile.kernels.common.tiles import num_sms
+from flashtile.kernels.hopper import common as hopper_common
+from flashtile.kernels.hopper import fwd as fwd_hopper
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,9 +198,9 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
 
 
 def test_backward_launch_arguments():
-    """kernels/bwd_hopper.py: a program per 128-key tile and (batch, KV head); Q, dO read as
+    """kernels/hopper/bwd.py: a program per 128-key tile and (batch, KV head); Q, dO read as
     64-row tiles and K, V as the consumers' 64-key halves; the causal diagonal from the alignment."""
-    from flashtile.kernels import bwd_hopper
+    from flashtile.kernels.hopper import bwd as bwd_hopper
     q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(2, 8, 300)
@@ -219,7 +220,7 @@ def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward from their
     config's min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed
     batches stay portable."""
-    from flashtile.kernels import fwd_hopper
+    from flashtile.kernels.hopper import fwd as fwd_hopper
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
     ok = fwd_hopper.GLUON_VERSION_OK
@@ -259,7 +260,9 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
     """The sm90 backward is two launches: dQ (the portable Q-tile programs, or the Gluon dQ kernel with
     configs.HopperBwdConfig.dq_hopper), which writes delta, then the Gluon dK/dV kernel reading that same delta;
     each with the tiles of configs.BWD_HOPPER."""
-    from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+    from flashtile.kernels.portable import bwd
     calls = []
     monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))
     monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
@@ -297,9 +300,12 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, causal, dlse):
     """D=256 (configs.HopperBwdConfig.split_gradients): the Gluon dQ kernel writes delta, then the dK/dV kernel of
-    kernels/bwd_split_hopper.py reads it, 64 keys a program, GQA groups walked inside; with an LSE gradient a
+    kernels/hopper/bwd_split.py reads it, 64 keys a program, GQA groups walked inside; with an LSE gradient a
     preprocess launch writes delta − dLSE first and the dQ kernel reads it (DELTA_IN) instead of computing delta."""
-    from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper, bwd_split_hopper
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+    from flashtile.kernels.hopper import bwd_split as bwd_split_hopper
+    from flashtile.kernels.portable import bwd
     calls = []
 
     preprocessed = []
@@ -380,7 +386,9 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
     """configs.HopperBwdConfig.single_pass: delta and a zeroed float32 dQ (head-major, whole Q tiles) by one launch,
     then the dK/dV kernel handing dS·K to the copy engine's reduce into that dQ, then dQ cast into the caller's
     tensor; deterministic=True keeps the two kernels without atomics."""
-    from flashtile.kernels import bwd, bwd_dq_hopper, bwd_hopper
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+    from flashtile.kernels.portable import bwd
     calls = []
 
     def preprocess(*args, **kwargs):

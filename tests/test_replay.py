@@ -1,4 +1,4 @@
-"""Replayed launches (kernels/replay.py) and the once-per-signature input checks, on any machine. The
+"""Replayed launches (kernels/common/replay.py) and the once-per-signature input checks, on any machine. The
 replay of a real compiled kernel runs on the GPU (tests/test_gpu_decode.py); here a stand-in kernel records
 what its launcher would receive."""
 import inspect
@@ -11,7 +11,7 @@ import torch
 from helpers import DEVICE, randn, value_checks
 
 import flashtile
-from flashtile.kernels import replay
+from flashtile.kernels.common import replay
 
 
 class _Compiled:
@@ -88,7 +88,7 @@ def test_value_checks_run_every_call_after_the_shapes_passed():
 
 
 def test_flashtile_replay_0_turns_replays_off():
-    code = "from flashtile.kernels import replay; print(replay.REPLAY_OK)"
+    code = "from flashtile.kernels.common import replay; print(replay.REPLAY_OK)"
     env = dict(os.environ, FLASHTILE_REPLAY="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

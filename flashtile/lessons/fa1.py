@@ -1,6 +1,6 @@
 """FlashAttention-1 forward, as the first paper has it: one program per (batch, head); the outer loop
 walks the K/V tiles, the inner loop the Q tiles, and O, m and l go back to HBM after every inner step
-(then are read again on the next outer step). FlashAttention-2 (kernels/fwd.py) swaps the loops so each
+(then are read again on the next outer step). FlashAttention-2 (kernels/portable/fwd.py) swaps the loops so each
 Q tile stays on chip and O is written once; the benchmark shows what that buys."""
 import math
 
@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.online_softmax import online_softmax_step
+from ..kernels.common.online_softmax import online_softmax_step
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 

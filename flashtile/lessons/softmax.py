@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.online_softmax import online_softmax_step
+from ..kernels.common.online_softmax import online_softmax_step
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 

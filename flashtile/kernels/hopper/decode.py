@@ -1,15 +1,15 @@
 """Flash decoding for Hopper (sm90), warp-specialized, in Gluon: one program per (batch, KV head), the whole cache.
 
-The portable decode kernel (kernels/decode.py) issues a tile's loads from the same warps that do its math, so how
-many bytes are in flight rises and falls with the steps. Here the default partition (four warps) streams the K and V
-tiles of the sequence through a ring of STAGES shared-memory stages with TMA, each stage refilled as soon as the
+The portable decode kernel (kernels/portable/decode.py) issues a tile's loads from the same warps that do its math,
+so how many bytes are in flight rises and falls with the steps. Here the default partition (four warps) streams the
+K and V tiles of the sequence through a ring of STAGES shared-memory stages with TMA, each stage refilled as soon as the
 consumers free it (mbarriers: K ready, V ready, stage free). KEY_GROUPS consumer warps (one a partition) each take
 their own BLOCK_N / KEY_GROUPS keys of every tile with a softmax state of their own: scores and P·V by mma.sync on
 the BLOCK_M packed query rows (the group's heads times the new tokens, GQA packing). Once every consumer is done
 with the ring, each writes its state into the ring's memory, and the default partition merges them (each rescaled to
 the largest max) and writes O and LSE.
 
-The cache is read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout): key-major
+The cache is read through the 2-D (rows, row stride) views of the Hopper forward (common.view_layout): key-major
 (batch, seqlen, nheads_k, headdim) or head-major (its transpose of a (batch, nheads_k, seqlen, headdim) tensor). Rows
 past a sequence belong to its neighbour (or are zero-filled at the end of the tensor); in the tile that crosses the
 sequence's end their scores are masked and their V rows zeroed.
@@ -21,9 +21,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .hopper_common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
-from .online_softmax import LN2, LOG2E, online_softmax_step
-from .replay import Replay, Replays, aligned, detach_descriptor
+from ..common.online_softmax import LN2, LOG2E, online_softmax_step
+from ..common.replay import Replay, Replays, aligned, detach_descriptor
+from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
 
 
 @gluon.jit
@@ -223,7 +223,7 @@ _REPLAYS = Replays()
 
 def launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, config, seqlen_new=0):
     """out (batch, seqlen_q, nheads, headdim) and lse (batch, nheads, seqlen_q) of one split over the whole cache;
-    the first call of a key builds the launch, later ones replay it (kernels/replay.py)."""
+    the first call of a key builds the launch, later ones replay it (kernels/common/replay.py)."""
     key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.data_ptr(),
            v_cache.data_ptr(), out.stride(), lse is None or lse.stride(), softmax_scale, config, seqlen_new,
            aligned(q, out, lse, cache_seqlens))

@@ -19,9 +19,9 @@ starts at a tile edge, the keys before masked); else its rows are gathered by po
 import triton
 import triton.language as tl
 
-from .online_softmax import LN2, LOG2E, alibi_slope, modified_scores, online_softmax_step, score_scales
-from .replay import Replay, Replays, aligned, detach_descriptor
-from .tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
+from ..common.online_softmax import LN2, LOG2E, alibi_slope, modified_scores, online_softmax_step, score_scales
+from ..common.replay import Replay, Replays, aligned, detach_descriptor
+from ..common.tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
 
 
 @triton.jit
@@ -330,7 +330,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, ou
     ALiBi biases.
 
     A decode loop calls this with the same shapes, cache and options every step: the first call of a key
-    builds the launch, later ones replay it with the step's tensors (kernels/replay.py). The key holds the
+    builds the launch, later ones replay it with the step's tensors (kernels/common/replay.py). The key holds the
     caches' addresses (their TMA descriptors are kept) and every pointer's 16-byte alignment."""
     arrivals, part = scratch or (None, None)
     key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), v_cache.stride(),

@@ -1,5 +1,5 @@
 """FlashAttention backward for Hopper (sm90): dK and dV by a warp-specialized Gluon kernel (D=64 and D=128; D=256
-by kernels/bwd_split_hopper.py), and the launcher of every sm90 backward.
+by kernels/hopper/bwd_split.py), and the launcher of every sm90 backward.
 
 A program owns a K/V tile of 128 keys of one KV head: two consumer warpgroups hold 64 keys each, their K and
 V rows loaded once into shared memory and used there as the A operand of the products (Triton's tl.dot keeps
@@ -13,12 +13,12 @@ dQ, two designs (configs.HopperBwdConfig.single_pass):
 - one pass (DQ_REDUCE): both consumers store their dSᵀ in shared memory, and each computes half of the Q tile's dQ
   columns over all 128 keys (dS K, two more products) and hands them to the copy engine, which adds them into a
   float32 dQ in L2 (cp.reduce.async.bulk.tensor; not bitwise reproducible). A preprocess launch writes delta and
-  zeroes that dQ first, a cast launch scales it into dq after (kernels/bwd.py);
+  zeroes that dQ first, a cast launch scales it into dq after (kernels/portable/bwd.py);
 - two kernels: dQ by a kernel launched first, which also writes delta = rowsum(dO ∘ O) for this one: the Gluon
-  dQ kernel (kernels/bwd_dq_hopper.py) or the portable kernel's Q-tile programs (kernels/bwd.py); neither uses
+  dQ kernel (kernels/hopper/bwd_dq.py) or the portable kernel's Q-tile programs (kernels/portable/bwd.py); neither uses
   atomics, so ``deterministic=True`` takes this design.
 
-Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (hopper_common.view_layout):
+Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (common.view_layout):
 rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
 LSE = +inf (P = 0).
 """
@@ -37,11 +37,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from .bwd_dq_hopper import Switches, backward_descriptors
-from .hopper_common import descriptor, register_operand_layout, store_rows, view_layout, wgmma_layout
-from .online_softmax import LOG2E
-from .replay import Replay, Replays, launch_key
-from .tiles import cdiv
+from ..common.online_softmax import LOG2E
+from ..common.replay import Replay, Replays, launch_key
+from ..common.tiles import cdiv
+from .bwd_dq import Switches, backward_descriptors
+from .common import descriptor, register_operand_layout, store_rows, view_layout, wgmma_layout
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
 DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
@@ -284,8 +284,8 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 def supports(q, k, v, dout, window_size):
     """Batch-mode calls the sm90 backward covers: a head dim with a configs.BWD_HOPPER entry, bf16/fp16, full or
     causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
-    from .. import configs
-    from .hopper_common import GLUON_VERSION_OK
+    from ... import configs
+    from .common import GLUON_VERSION_OK
     return (GLUON_VERSION_OK and q.dim() == 4 and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
             and q.dtype in (torch.bfloat16, torch.float16)
             and window_size[0] < 0 and window_size[1] in (-1, 0)
@@ -299,7 +299,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag); ``dq_acc``
     (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by
     another kernel)."""
-    from .. import configs
+    from ... import configs
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -323,7 +323,8 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
 
 def dq_tile_order(tile):
     """[..., 64, cols] dQ tiles (query rows, one warpgroup's columns: half the head dim) in the order _dq_reduce writes
-    them: [..., 64 · cols]. The cast (kernels/bwd.py, dq_cast_kernel) reads them back; tests check the two agree."""
+    them: [..., 64 · cols]. The cast (kernels/portable/bwd.py, dq_cast_kernel) reads them back; tests check the two
+    agree."""
     lead, cols = tile.shape[:-2], tile.shape[-1]
     y = tile.reshape(*lead, 4, 2, 8, cols // 8, 4, 2)
     n = len(lead)
@@ -336,7 +337,7 @@ def dq_acc_shape(q, config):
     return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
 
 
-_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/replay.py)
+_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
@@ -344,11 +345,11 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon
-    dQ kernel with ``config.dq_hopper``), then dK and dV (here, or by kernels/bwd_split_hopper.py with
+    dQ kernel with ``config.dq_hopper``), then dK and dV (here, or by kernels/hopper/bwd_split.py with
     ``config.split_gradients``). ``config`` a configs.HopperBwdConfig. ``dlse``, the LSE's gradient (or None), enters as
     delta − dlse, which the preprocess launch computes in one pass for either design."""
-    from .. import configs
-    from .bwd import launch_bwd, launch_dq_cast, launch_preprocess
+    from ... import configs
+    from ..portable.bwd import launch_bwd, launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
@@ -359,7 +360,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     delta_in = dlse is not None
     delta = launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in else torch.empty_like(lse)
     if config.dq_hopper is not None:
-        from .bwd_dq_hopper import launch_dq_hopper
+        from .bwd_dq import launch_dq_hopper
         launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
                          delta_in)
     else:
@@ -370,13 +371,13 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None):
-    """The dK/dV launch of ``config`` (kernels/bwd_split_hopper.py with ``split_gradients``), replayed after a key's
-    first call (kernels/replay.py)."""
+    """The dK/dV launch of ``config`` (kernels/hopper/bwd_split.py with ``split_gradients``), replayed after a key's
+    first call (kernels/common/replay.py)."""
     tensors = (q, k, v, dout, dk, dv, lse, delta, dq_acc)
     key = launch_key(tensors, softmax_scale, causal, bottom_right, config)
     if config.split_gradients:
-        from . import bwd_split_hopper
-        kernel, make = bwd_split_hopper.flash_bwd_dkdv_split_kernel, bwd_split_hopper.launch_args
+        from . import bwd_split
+        kernel, make = bwd_split.flash_bwd_dkdv_split_kernel, bwd_split.launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta"]
         tensors = tensors[:-1]
     else:

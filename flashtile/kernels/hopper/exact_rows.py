@@ -1,4 +1,4 @@
-"""The Hopper forward's way back when a frozen reference fails (kernels/fwd_hopper.py, FROZEN_MAX).
+"""The Hopper forward's way back when a frozen reference fails (kernels/hopper/fwd.py, FROZEN_MAX).
 
 With FROZEN_MAX each K/V tile after an item's first is exponentiated against a reference that moves up only
 every few tiles, so P may exceed 1. That is exact in floating point as long as nothing overflows; O or a row sum
@@ -11,7 +11,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .online_softmax import LN2, online_softmax_step
+from ..common.online_softmax import LN2, online_softmax_step
 
 
 @gluon.jit

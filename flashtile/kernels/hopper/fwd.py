@@ -29,7 +29,7 @@ row maxima; at every eighth tile, rows whose sum has reached 2^16 move it up by 
 power of two (_rebase), so scores that rise along the keys cost what random ones do. Only a score more than about
 100 log2 units above everything before it overflows float32: a warpgroup whose O or row sums are then not finite
 stores nothing and queues its rows in ``counter``; once every program is done, the launch's last one recomputes
-them exactly (kernels/exact_rows.py).
+them exactly (kernels/hopper/exact_rows.py).
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -49,8 +49,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from .exact_rows import exact_rows
-from .hopper_common import (
+from ..common.online_softmax import LN2, LOG2E, online_softmax_step
+from ..common.replay import Replay, Replays, aligned, detach_descriptor, stream_handle
+from ..common.tiles import cdiv, num_sms
+from .common import (
     GLUON_VERSION_OK,
     descriptor,
     register_operand_layout,
@@ -59,9 +61,7 @@ from .hopper_common import (
     view_layout,
     wgmma_layout,
 )
-from .online_softmax import LN2, LOG2E, online_softmax_step
-from .replay import Replay, Replays, aligned, detach_descriptor, stream_handle
-from .tiles import cdiv, num_sms
+from .exact_rows import exact_rows
 
 WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
 REBASE_AT = gl.constexpr(2.0**16)  # FROZEN_MAX: a row sum at this moves the row's reference up (_rebase) ...
@@ -820,7 +820,7 @@ def _counter(device, size):
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                       bottom_right, config):
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
-    call of a launch key goes through Triton; later ones replay it (kernels/replay.py) with descriptors
+    call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors
     of this call's tensors."""
     size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
     counter = _counter(q.device, size) if size else None

@@ -8,9 +8,9 @@ registers a thread), so the two consumer warpgroups of a program share its 64 ke
   dK += dSᵀ Q.
 Each warpgroup runs two of a step's four products. A loader warp loads K and V once, then streams Q and dO of every
 (query head of the group, Q tile) through a ring with TMA. dQ comes from the Gluon dQ kernel launched first
-(kernels/bwd_dq_hopper.py), which also writes delta: no atomics, so the gradients are bitwise reproducible.
+(kernels/hopper/bwd_dq.py), which also writes delta: no atomics, so the gradients are bitwise reproducible.
 
-Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout): rows past a
+Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (common.view_layout): rows past a
 sequence belong to its neighbour, so keys past it are masked and query rows past it get LSE = +inf.
 """
 from triton.experimental import gluon
@@ -19,10 +19,10 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate
 
-from .bwd_dq_hopper import backward_descriptors
-from .hopper_common import register_operand_layout, store_rows, wgmma_layout
-from .online_softmax import LOG2E
-from .tiles import cdiv
+from ..common.online_softmax import LOG2E
+from ..common.tiles import cdiv
+from .bwd_dq import backward_descriptors
+from .common import register_operand_layout, store_rows, wgmma_layout
 
 
 @aggregate

@@ -5,10 +5,10 @@ loaded once into shared memory. A loader warp streams the K and V tiles those ro
 shared-memory stages with TMA. For each K/V tile a consumer issues S = Q Kᵀ and dP = dO Vᵀ together as
 asynchronous wgmma, runs the exponentials of P while dP is on the tensor cores, then dQ += dS K with dS as a
 register operand. Before its loop each consumer computes delta = rowsum(dO ∘ O) of its rows and writes it for
-the dK/dV kernel (kernels/bwd_hopper.py) launched after this one. The mirror image of that kernel: there K/V
+the dK/dV kernel (kernels/hopper/bwd.py) launched after this one. The mirror image of that kernel: there K/V
 stay and Q/dO stream.
 
-Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (hopper_common.view_layout).
+Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (common.view_layout).
 """
 import torch
 import triton
@@ -17,17 +17,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate
 
-from .hopper_common import descriptor, register_operand_layout, smem_layout, view, view_layout, wgmma_layout
-from .online_softmax import LOG2E
-from .replay import Replay, Replays, launch_key
-from .tiles import cdiv
+from ..common.online_softmax import LOG2E
+from ..common.replay import Replay, Replays, launch_key
+from ..common.tiles import cdiv
+from .common import descriptor, register_operand_layout, smem_layout, view, view_layout, wgmma_layout
 
 
 @aggregate
 class Switches:
     """What a backward launch fixes at compile time: the tiles (configs.HopperDqConfig, HopperBwdConfig), the mask;
     for the dQ kernel whether delta comes given (DELTA_IN) or is computed here, for the dK/dV kernel
-    (kernels/bwd_hopper.py) whether it also adds dQ (DQ_REDUCE)."""
+    (kernels/hopper/bwd.py) whether it also adds dQ (DQ_REDUCE)."""
     HEAD_DIM: gl.constexpr
     BLOCK_M: gl.constexpr  # Q rows: per program (dQ, half to each consumer warpgroup), per step (dK/dV)
     BLOCK_N: gl.constexpr  # keys: per K/V tile (dQ), per program (dK/dV, half to each consumer warpgroup)
@@ -256,7 +256,7 @@ def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, botto
     return grid, args, kwargs
 
 
-_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/replay.py)
+_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
 def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False):

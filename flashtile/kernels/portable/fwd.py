@@ -10,9 +10,9 @@ range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) whole, 
 import triton
 import triton.language as tl
 
-from .online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
-from .replay import Replay, Replays, aligned, detach_descriptor
-from .tiles import (
+from ..common.online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
+from ..common.replay import Replay, Replays, aligned, detach_descriptor
+from ..common.tiles import (
     band_mask,
     band_tiles,
     cdiv,
@@ -110,7 +110,7 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
     """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
     seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). ``softcap`` > 0,
     ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi. The
-    first call of a launch key goes through Triton; later ones replay it (kernels/replay.py)."""
+    first call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py)."""
     is_varlen = cu_seqlens_q is not None
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
            None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, window_size,

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .replay import Replay, Replays, aligned
-from .tiles import cdiv, next_pow2
+from ..common.replay import Replay, Replays, aligned
+from ..common.tiles import cdiv, next_pow2
 
 BLOCK_R, BLOCK_C = 16, 256
 

@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
-from .replay import Replay, Replays, aligned
-from .tiles import (
+from ..common.online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
+from ..common.replay import Replay, Replays, aligned
+from ..common.tiles import (
     band_mask,
     band_tiles,
     cdiv,
@@ -68,7 +68,7 @@ def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, stride_ob, st
 def dq_cast_kernel(dQacc, dQ, stride_ab, stride_ah, stride_qb, stride_qn, stride_qh, seqlen_q, nheads, scale,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """dQ = scale · dQacc in dQ's dtype, for one 64-row Q tile of one head. dQacc holds each tile's two halves of the
-    columns in the order the sm90 single-pass kernel's threads wrote them (kernels/bwd_hopper.py, dq_tile_order)."""
+    columns in the order the sm90 single-pass kernel's threads wrote them (kernels/hopper/bwd.py, dq_tile_order)."""
     COLS: tl.constexpr = HEAD_DIM // 2
     b = (tl.program_id(1) // nheads).to(tl.int64)
     h = (tl.program_id(1) % nheads).to(tl.int64)
@@ -310,7 +310,7 @@ def flash_bwd_kernel(
                     DELTA_HERE, SOFTCAP, HAS_ALIBI)
 
 
-_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/replay.py)
+_REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
 def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None):

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .replay import Replay, Replays, aligned
+from ..common.replay import Replay, Replays, aligned
 
 
 @triton.jit
@@ -101,7 +101,7 @@ def _tiles(x, cos):
                 HEAD_DIM_PAD=triton.next_power_of_2(x.shape[-1]), BLOCK_H=triton.next_power_of_2(x.shape[2]))
 
 
-_REPLAYS = Replays()  # a decode loop repeats its shapes: later steps replay the launch (kernels/replay.py)
+_REPLAYS = Replays()  # a decode loop repeats its shapes: later steps replay the launch (kernels/common/replay.py)
 
 
 def _launch(kernel, grid, key, slots, tensors, first):

@@ -1,0 +1,1 @@
+"""sm90 (Hopper) kernels in Gluon: warp-specialized, TMA and wgmma."""

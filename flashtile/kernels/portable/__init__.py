@@ -1,0 +1,1 @@
+"""Portable Triton kernels: any CUDA GPU, and the CPU through the Triton interpreter."""
