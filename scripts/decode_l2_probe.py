@@ -158,7 +158,7 @@ def decode_probe(batches, seqlens, configs_flat, rounds, fl, layout="head", fiel
     from flashtile.configs import DecodeConfig
     from flashtile.dispatch import decode_config, decode_splits, decode_waves
     from flashtile.kernels.portable import decode
-    from scripts.decode_read_floor import cache
+    from tools.decode_read_floor import cache
     cands = list(zip(*[iter(configs_flat)] * fields))
     try:  # the previous kernel, if a copy of it sits beside this one (an A/B in one run)
         from flashtile.kernels import decode_v10 as before

@@ -14,8 +14,8 @@ from flashtile import configs
 from flashtile.bench.decode import peers
 from flashtile.configs import DecodeHopperConfig, from_fields
 from flashtile.kernels.hopper.decode import launch_decode_hopper, supports
-from scripts.decode_paired import HEADER, paired_rows
-from scripts.decode_read_floor import cache
+from tools.decode_paired import HEADER, paired_rows
+from tools.decode_read_floor import cache
 
 
 def portable(fn):

@@ -44,7 +44,7 @@ for step in "$@"; do
                   read -r b n <<< "$shape"
                   timeout 120 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
                     --section LaunchStats --section MemoryWorkloadAnalysis --section Occupancy -o "$out/dec-b$b-n$n" \
-                    python3 scripts/ncu_decode.py --batch "$b" --seqlen "$n" > /dev/null 2>&1
+                    python3 tools/ncu_decode.py --batch "$b" --seqlen "$n" > /dev/null 2>&1
                   ncu --import "$out/dec-b$b-n$n.ncu-rep" --page details --csv > "$out/ncu-decode-b$b-n$n.csv"
                 done ;;
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \

@@ -14,10 +14,10 @@ SM90_SHARED_LIMIT = 232448  # bytes a block may use on sm90
 
 
 def _compile_in_shards(*args, shards=2):
-    """scripts/compile_sm90.py's rows, its jobs split over ``shards`` processes at once (the compiles are single-
+    """tools/compile_sm90.py's rows, its jobs split over ``shards`` processes at once (the compiles are single-
     threaded: the CPU tier's cores would wait)."""
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "compile_sm90.py"), *args, "--shard",
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tools" / "compile_sm90.py"), *args, "--shard",
                                f"{k}/{shards}"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for k in range(shards)]
     rows = []
@@ -84,9 +84,9 @@ def test_decode_rows_a_program_stay_within_the_config():
 
 
 def _compiled_rows(rows_expr):
-    """The rows that ``rows_expr`` (a list of scripts/compile_sm90.py results; ``compile_sm90`` and
+    """The rows that ``rows_expr`` (a list of tools/compile_sm90.py results; ``compile_sm90`` and
     ``configs`` are imported) evaluates to, in a process with the interpreter off."""
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import compile_sm90; from flashtile import configs; "
+    code = ("import json, sys; sys.path.insert(0, 'tools'); import compile_sm90; from flashtile import configs; "
             f"print(json.dumps({rows_expr}))")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
@@ -96,7 +96,7 @@ def _compiled_rows(rows_expr):
 
 
 def _gluon_backward_rows(function, extra=""):
-    """scripts/compile_sm90.py's ``function`` for non-causal and causal (``extra``: more arguments)."""
+    """tools/compile_sm90.py's ``function`` for non-causal and causal (``extra``: more arguments)."""
     rows = _compiled_rows(f"[compile_sm90.{function}(c{extra}) for c in (False, True)]")
     for row in rows:
         assert row["setmaxnreg"] > 0 and not row["serialized"] and not row["mbarrier_reuse"], row
@@ -179,10 +179,10 @@ def test_hopper_forward_compiles_for_one_query_row():
 
 
 def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
-    """scripts/compile_sm90.py's mbarrier_reuse on PTX shaped like the D=64 forward's before v33: the O conversion's
+    """tools/compile_sm90.py's mbarrier_reuse on PTX shaped like the D=64 forward's before v33: the O conversion's
     scratch (two warpgroups, 2 KB apart) starting on an initialized barrier is reported, barriers past it are not, nor
     barriers released by mbarrier.inval first (as triton's own pipelined loops do)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "tools"))
     from compile_sm90 import mbarrier_reuse
     init = "add.s32 %r{0}, %r9, {1};\n@%p1 mbarrier.init.shared::cta.b64 [%r{0}], 1;\n"
     ptx = init.format(1, 4096) + init.format(2, 4104) + init.format(3, 8192)
@@ -201,7 +201,7 @@ def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
 
 def test_hopper_forward_spills_outside_the_key_loops():
     """The configs that spill (D=64 causal in three warpgroups, D=128 causal) keep every K/V loop free of local memory:
-    the spilled values are reloaded once per work item (scripts/sass_mix.key_loops on the disassembly)."""
+    the spilled values are reloaded once per work item (tools/sass_mix.key_loops on the disassembly)."""
     from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")

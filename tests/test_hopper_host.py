@@ -121,10 +121,10 @@ def test_schedule():
 def test_claims_launch_arguments():
     """configs.HopperFwdConfig.claims takes SCHEDULE 3 where it applies (causal, persistent, equal lengths, two Q
     tiles or more), with a zeroed int32 counter, the tail's heads (claims rounds of pairs over the SMs) and one
-    program per SM at most over as many items as scripts/fwd_schedule_model.claimed_items (which checks that the
+    program per SM at most over as many items as tools/fwd_schedule_model.claimed_items (which checks that the
     order takes each Q tile once) lists; elsewhere the static order. The counter also holds FROZEN_MAX's queue (a
     place per head, Q tile and consumer warpgroup) in bf16; fp16 gets a counter only for claims."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "tools"))
     import fwd_schedule_model
     cfg = dataclasses.replace(configs.FWD_HOPPER[(64, True)], min_seqlen_q=0, below=None)
     assert cfg.claims > 0
@@ -372,9 +372,9 @@ def test_launch_arguments_with_three_consumer_warpgroups():
 
 
 def test_schedule_model_takes_every_tile_once():
-    """scripts/fwd_schedule_model.py (the grid model behind docs/perf.md forward v29) replicates the kernel's
+    """tools/fwd_schedule_model.py (the grid model behind docs/perf.md forward v29) replicates the kernel's
     _item: each of its orders takes every (head, Q tile) exactly once, for lengths 1-1,300 and grids of 1-132."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "tools"))
     import fwd_schedule_model
     fwd_schedule_model.check_bijection()
     assert fwd_schedule_model.busiest(2048, 256, 192, False, 2) < fwd_schedule_model.busiest(2048, 256, 192, False, 0)

@@ -1,4 +1,4 @@
-"""scripts/decode_read_floor.py: the floor it times must read every key of every head once (a floor that skipped
+"""tools/decode_read_floor.py: the floor it times must read every key of every head once (a floor that skipped
 tiles would be no floor)."""
 import pathlib
 import sys
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-from scripts.decode_read_floor import floor_fn  # noqa: E402
+from tools.decode_read_floor import floor_fn  # noqa: E402
 
 
 @pytest.mark.parametrize("layout", ["key", "head"])

@@ -201,7 +201,7 @@ def supports(q, k_cache, v_cache):
 
 
 def launch_args(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, config, seqlen_new=0):
-    """(grid, args, kwargs) of the launch (``supports`` already checked; scripts/compile_sm90.py compiles from them
+    """(grid, args, kwargs) of the launch (``supports`` already checked; tools/compile_sm90.py compiles from them
     without a GPU); ``config`` a configs.DecodeHopperConfig. ``lse`` None: not written."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]

@@ -846,7 +846,7 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
 
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
                 config, counter=None):
-    """(grid, args, kwargs) of the kernel launch (scripts/compile_sm90.py compiles from them without a GPU).
+    """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
     ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
     failed rows in (None: not needed, or a new one)."""
     varlen = cu_seqlens_q is not None

@@ -1,7 +1,7 @@
 """Time the forward of flashtile against its peers in one process, for A/B runs of a kernel change (run once
 per variant of the source tree, in one device call; docs/perf.md, forward v14):
 
-    PYTHONPATH=. python scripts/fwd_variants.py LABEL --head-dim 64 --seqlens 1024 2048 4096 16384 --hopper-everywhere
+    PYTHONPATH=. python tools/fwd_variants.py LABEL --head-dim 64 --seqlens 1024 2048 4096 16384 --hopper-everywhere
 
 One markdown row per (mask, N): TFLOP/s, do_bench median, best of --rounds turns, B·N = 16k tokens, 2048 / D heads
 (--batch and --heads set others: the shape goes into the row).
@@ -12,7 +12,7 @@ config below min_seqlen_q). Config variants of one source tree take turns with t
 each, each round starting one column later (at N=1k the column right after cuDNN's turn measured 3-5 % high;
 docs/perf.md, forward v16 and v26):
 
-    PYTHONPATH=. python scripts/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
+    PYTHONPATH=. python tools/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
         --variant overlap overlap_pv=1 --variant "non-persistent" persistent=0
 """
 import argparse

@@ -1,7 +1,7 @@
 """Compile the kernels for sm90 on a machine without a GPU (ptxas ships with triton) and report each
 tile config's shared memory and instruction mix. Used by tests/test_compile_sm90.py.
 
-    TRITON_INTERPRET=0 python scripts/compile_sm90.py [--decode] [--shard K/N]
+    TRITON_INTERPRET=0 python tools/compile_sm90.py [--decode] [--shard K/N]
 """
 import json
 import os
@@ -209,7 +209,7 @@ def compile_hopper_decode(layout, config=None):
                 config=list(config.__dict__.values()), causal=False, layout=layout)
 
 
-PTX_SINK = None  # a list that _compile_gluon appends (kernel name, PTX) to, where one is set (scripts/ptx_snapshot.py)
+PTX_SINK = None  # a list that _compile_gluon appends (kernel name, PTX) to, where one is set (tools/ptx_snapshot.py)
 
 
 def _compile_gluon(kernel, args, kwargs):

@@ -4,7 +4,7 @@ of two layouts (--layout): key-major (flash-attn's, contiguous; one key of one h
 of all eight heads 2 KB) or head-major (SDPA's (B, 8, L, 128) contiguous, seen through a transpose: each head's keys
 contiguous, as the decode bench and probe hand it to both kernels).
 
-    PYTHONPATH=. python scripts/decode_read_floor.py [--batches 8 32] [--seqlens 32768 131072] [--layout key head]
+    PYTHONPATH=. python tools/decode_read_floor.py [--batches 8 32] [--seqlens 32768 131072] [--layout key head]
 
 Patterns "floor {heads}h×{keys}k/{boxes}box s{stages} p{programs} w{warps}" (--patterns, six numbers each): the keys
 split to make that many programs; by default (run 33) 256 programs, each step 64 KB of K and V: 128 keys of one head

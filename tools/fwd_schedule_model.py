@@ -3,7 +3,7 @@ work items (a replica of kernels/fwd_hopper._item, in Python) and how long the b
 times the share of the tile's warpgroups that compute; with claims (SCHEDULE 3, _lpt_item), each item goes to the
 program that becomes free first. Also checks that every order takes each Q tile exactly once.
 
-    python scripts/fwd_schedule_model.py
+    python tools/fwd_schedule_model.py
 """
 import math
 

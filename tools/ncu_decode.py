@@ -2,9 +2,9 @@
 device (docs/perf.md, flash decoding v10), and a table of what the report says about each kernel:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section LaunchStats \
-        --section MemoryWorkloadAnalysis --section Occupancy -o dec python scripts/ncu_decode.py --batch 32
+        --section MemoryWorkloadAnalysis --section Occupancy -o dec python tools/ncu_decode.py --batch 32
     ncu --import dec.ncu-rep --page details --csv > dec.csv
-    python scripts/ncu_decode.py --summarize dec.csv
+    python tools/ncu_decode.py --summarize dec.csv
 """
 import argparse
 import csv

@@ -1,7 +1,7 @@
 """Instruction mix of the sm90 Hopper forward for one config, compiled here (no GPU: ptxas and cuobjdump ship
 with triton): how many SFU exponentials, FP32 and integer instructions the two consumers' code holds.
 
-    TRITON_INTERPRET=0 python scripts/sass_mix.py --head-dim 128 [--causal]
+    TRITON_INTERPRET=0 python tools/sass_mix.py --head-dim 128 [--causal]
 """
 import argparse
 import collections

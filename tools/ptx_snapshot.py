@@ -1,8 +1,8 @@
 """The sm90 Gluon kernels' PTX for every shipped launch variant, without debug info, to check that a refactor leaves
 the code the GPU runs unchanged (no GPU needed: triton compiles for sm90 here):
 
-    TRITON_INTERPRET=0 python scripts/ptx_snapshot.py before.json      # on the old tree
-    TRITON_INTERPRET=0 python scripts/ptx_snapshot.py after.json --compare before.json
+    TRITON_INTERPRET=0 python tools/ptx_snapshot.py before.json      # on the old tree
+    TRITON_INTERPRET=0 python tools/ptx_snapshot.py after.json --compare before.json
 
 The forward: each config of configs.FWD_HOPPER (its ``below`` chain too) at a length inside its range (and past
 persistent_max_seqlen where that is set), bf16 and fp16, batch and packed (varlen). The backward: the dK/dV kernel of

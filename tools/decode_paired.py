@@ -3,7 +3,7 @@ median, eager, the order rotating every turn: bench.__main__.every_turn), so a s
 all of them. Prints, per candidate, the median of its per-turn ratios cuDNN / candidate, a bootstrap 95 % interval of
 that median, the turns it won and its largest difference to cuDNN's output; --show-turns adds every turn's µs.
 
-    PYTHONPATH=. python scripts/decode_paired.py [--shapes 32 32768 32 131072] [--turns 20] [--layouts head key]
+    PYTHONPATH=. python tools/decode_paired.py [--shapes 32 32768 32 131072] [--turns 20] [--layouts head key]
         [--configs block_n warps stages key_groups splits heads ...]   (splits 0: automatic)
 """
 import argparse
@@ -17,7 +17,7 @@ from flashtile import ops
 from flashtile.bench.__main__ import every_turn
 from flashtile.bench.decode import _eager_us, peers
 from flashtile.configs import DecodeConfig, from_fields
-from scripts.decode_read_floor import cache
+from tools.decode_read_floor import cache
 
 
 def interval(ratios, draws=4000, seed=0):
