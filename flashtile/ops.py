@@ -83,7 +83,7 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
     if config is None and not softcap and alibi_slopes is None:
         config = _hopper_config(q, k, v, window_size, max_seqlen_q if packed else q.shape[1])
     if isinstance(config, configs.HopperFwdConfig):
-        from .kernels.hopper.fwd import launch_fwd_hopper
+        from .kernels.hopper.fwd_launch import launch_fwd_hopper
         launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                           _is_causal(window_size), bottom_right, config)
     else:
@@ -120,7 +120,7 @@ def _hopper_config(q, k, v, window_size, seqlen_q=None):
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)
     if config is None:
         return None
-    from .kernels.hopper.fwd import supports
+    from .kernels.hopper.fwd_launch import supports
     return config if supports(q, k, v, window_size) else None
 
 

@@ -31,7 +31,7 @@ def _compile_in_shards(*args, shards=2):
 def test_forward_compiles_for_sm90():
     rows = _compile_in_shards()
     from flashtile import configs
-    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     hopper = {"flash_fwd_hopper_kernel"} if GLUON_VERSION_OK else set()
     assert {r["kernel"] for r in rows} == {"flash_fwd_kernel", "flash_bwd_kernel"} | hopper
     bwd_variants = sum(len({"none", c.dq_atomic}) for c in configs.BWD_SM90.values())
@@ -154,7 +154,7 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers
     get 160 registers, wgmma asynchronous, within shared memory (with the scratch of O's conversion to 16-byte
     row runs); causal spills 68 bytes (ptxas -v), a path the shipped configs leave to the portable kernel."""
-    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     for row in _compiled_rows("[compile_sm90.compile_hopper_fwd(64, c, configs.HopperFwdConfig(block_m=192, block_n=128, "  # noqa: E501
@@ -167,8 +167,8 @@ def test_hopper_forward_192_rows_compiles_for_sm90():
 
 def test_hopper_forward_compiles_for_one_query_row():
     """Nq = 1 reaches the compiler as a constant (triton specializes 1), which folds more of the schedule
-    (kernels/fwd_hopper._item): every shipped non-causal config still compiles, wgmma asynchronous."""
-    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
+    (kernels/hopper/fwd_schedule.work_item): every shipped non-causal config still compiles, wgmma asynchronous."""
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     rows = _compiled_rows("[compile_sm90.compile_hopper_fwd(d, False, c, seqlen=1) for d in (64, 128) "
@@ -202,7 +202,7 @@ def test_mbarrier_reuse_reports_scratch_over_an_initialized_barrier():
 def test_hopper_forward_spills_outside_the_key_loops():
     """The configs that spill (D=64 causal in three warpgroups, D=128 causal) keep every K/V loop free of local memory:
     the spilled values are reloaded once per work item (tools/sass_mix.key_loops on the disassembly)."""
-    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     loops = _compiled_rows("[(d, c.block_m, [list(x) for x in __import__('sass_mix').key_loops("
@@ -219,7 +219,7 @@ def test_hopper_decode_compiles_for_sm90():
     warps), no
     spills, within shared memory, two TMA loads (K, V) and each consumer's mma.sync: 4 warps x (2 · 8 for Q·Kᵀ of 16
     keys + 16 for P·V) a tile."""
-    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
     for row in _compiled_rows("[compile_sm90.compile_hopper_decode(l, c) for l in ('key', 'head') "

@@ -262,13 +262,13 @@ def test_claims(head_dim, which, forward_backend, monkeypatch):
     heads of 1000 rows take pairs, then single tiles. Each launch's last claim sets the counter back to 0."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    from flashtile.kernels.hopper import fwd as fwd_hopper
+    from flashtile.kernels.hopper import fwd_schedule
     cfg = list(configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, True)]))[which]
     cfg = dataclasses.replace(cfg, claims=cfg.claims or 2, persistent_max_seqlen=1 << 31)
     check_hopper_config(cfg, head_dim, True, monkeypatch)
     check(4, 1000, 1000, 64, 8, head_dim, torch.bfloat16, True)
     torch.cuda.synchronize()
-    assert fwd_hopper._COUNTERS and all(not c[:fwd_hopper.REDO_QUEUE].any() for c in fwd_hopper._COUNTERS.values())
+    assert fwd_schedule.COUNTERS and all(not c[:fwd_schedule.REDO_QUEUE].any() for c in fwd_schedule.COUNTERS.values())
 
 
 def test_claims_under_cuda_graph(forward_backend, monkeypatch):
@@ -277,7 +277,7 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
     call replay to the eager result, one after the other and both at once on two streams."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    from flashtile.kernels.hopper import fwd as fwd_hopper
+    from flashtile.kernels.hopper import fwd_schedule
     cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], claims=2, min_seqlen_q=0, below=None)
     monkeypatch.setattr(configs, "FWD_HOPPER", {(128, True): cfg})
     q, k, v = (randn(4, 1000, 32, 128, dtype=torch.bfloat16) for _ in range(3))
@@ -287,11 +287,11 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
     graphs, outs = [], []
     for _ in range(2):
         graph = torch.cuda.CUDAGraph()
-        before = len(fwd_hopper._GRAPH_COUNTERS)
+        before = len(fwd_schedule.GRAPH_COUNTERS)
         with torch.cuda.graph(graph, stream=side):
             outs.append(flashtile.flash_attn_func(q, k, v, causal=True))
-        assert len(fwd_hopper._GRAPH_COUNTERS) == before + 1
-        assert (q.device, side.cuda_stream) not in fwd_hopper._COUNTERS
+        assert len(fwd_schedule.GRAPH_COUNTERS) == before + 1
+        assert (q.device, side.cuda_stream) not in fwd_schedule.COUNTERS
         graphs.append(graph)
     streams = [torch.cuda.Stream() for _ in graphs]
     for together in (False, True, True):
@@ -309,10 +309,10 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
 
 def check_rising_scores(head_dim, causal, kind, seqlen=3000):
     """``kind`` "rising": scores that rise along the keys, by about 100 log2 units in the query heads of KV head 0 and
-    40 in KV head 1's; their rows move their reference up as the sums grow (fwd_hopper._rebase) and none falls back.
-    "dominant": one key (the middle one) 150 log2 units above the rest in KV head 0's query heads, where P overflows
-    float32, so those rows fall back to kernels/hopper/exact_rows.py. The other rows are random. Poisoned outputs show
-    rows nobody stored."""
+    40 in KV head 1's; their rows move their reference up as the sums grow (kernels/hopper/fwd.py, _rebase) and none
+    falls back. "dominant": one key (the middle one) 150 log2 units above the rest in KV head 0's query heads, where P
+    overflows float32, so those rows fall back to kernels/hopper/exact_rows.py. The other rows are random. Poisoned
+    outputs show rows nobody stored."""
     q = randn(2, seqlen, 4, head_dim, dtype=torch.bfloat16)
     k, v = (randn(2, seqlen, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
     rises = ((0, 100.0), (1, 40.0)) if kind == "rising" else ((0, 150.0), )
@@ -324,18 +324,18 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000):
         else:
             k[:, :, kv_head, 0] = 0.0
             k[:, seqlen // 2, kv_head, 0] = amplitude
-    from flashtile.kernels.hopper import fwd as fwd_hopper
-    for counter in fwd_hopper._COUNTERS.values():
+    from flashtile.kernels.hopper import fwd_schedule
+    for counter in fwd_schedule.COUNTERS.values():
         counter.zero_()
     with poisoned_outputs():
         out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     ref, ref_lse = reference.attention(q, k, v, causal=causal)
     assert_attention_close(out, ref, torch_attention(q, k, v, causal), lse, ref_lse)
-    torch.cuda.synchronize()  # a launch that queued rows for _redo set the counts back to 0
-    counters = list(fwd_hopper._COUNTERS.values())
-    fell_back = any(c[fwd_hopper.REDO_QUEUE:].any() for c in counters)
+    torch.cuda.synchronize()  # a launch that queued rows for exact_rows.redo set the counts back to 0
+    counters = list(fwd_schedule.COUNTERS.values())
+    fell_back = any(c[fwd_schedule.REDO_QUEUE:].any() for c in counters)
     assert fell_back == (kind == "dominant"), "rows fell back" if fell_back else "no rows fell back"
-    assert all(not c[:fwd_hopper.REDO_QUEUE].any() for c in counters)
+    assert all(not c[:fwd_schedule.REDO_QUEUE].any() for c in counters)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])

@@ -12,6 +12,8 @@ from flashtile import configs, ops
 from flashtile.kernels.common.tiles import num_sms
 from flashtile.kernels.hopper import common as hopper_common
 from flashtile.kernels.hopper import fwd as fwd_hopper
+from flashtile.kernels.hopper import fwd_launch, fwd_schedule
+from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,11 +60,11 @@ def test_views_the_kernel_cannot_read():
 
 def test_supports_only_full_or_causal_half_precision():
     q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
-    ok = fwd_hopper.GLUON_VERSION_OK
-    assert fwd_hopper.supports(q, k, v, (-1, -1)) == ok
-    assert fwd_hopper.supports(q, k, v, (-1, 0)) == ok
-    assert not fwd_hopper.supports(q, k, v, (16, 0))  # sliding window
-    assert not fwd_hopper.supports(q.float(), k.float(), v.float(), (-1, -1))
+    ok = GLUON_VERSION_OK
+    assert fwd_launch.supports(q, k, v, (-1, -1)) == ok
+    assert fwd_launch.supports(q, k, v, (-1, 0)) == ok
+    assert not fwd_launch.supports(q, k, v, (16, 0))  # sliding window
+    assert not fwd_launch.supports(q.float(), k.float(), v.float(), (-1, -1))
 
 
 def test_not_chosen_off_sm90():
@@ -76,15 +78,15 @@ def test_launch_arguments():
     k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
     cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], persistent=False)
-    grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
     n_m = -(-seqlen // cfg.block_m)
     n_pairs = -(-n_m // 2) * batch * nheads
     assert grid == (n_pairs, )  # one program per pair of Q tiles
     persistent = dataclasses.replace(cfg, persistent=True)
-    assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
+    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
         min(n_pairs, num_sms(q.device)), )  # at most one program per SM
     shorter = dataclasses.replace(persistent, persistent_max_seqlen=seqlen - 1)  # persistent up to shorter rows
-    assert fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
+    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [64, head_dim]  # 64 rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
@@ -99,9 +101,9 @@ def test_launch_arguments():
 
 
 def test_schedule():
-    """Which work items the grid's programs take (kernels/fwd_hopper._item): causal or not persistent, pairs of Q
-    tiles (light ones last with ``balanced``); non-causal persistent, single Q tiles (but with one Q tile, pairs);
-    the grid covers them, at most one program per SM when persistent."""
+    """Which work items the grid's programs take (kernels/hopper/fwd_schedule.work_item): causal or not persistent,
+    pairs of Q tiles (light ones last with ``balanced``); non-causal persistent, single Q tiles (but with one Q tile,
+    pairs); the grid covers them, at most one program per SM when persistent."""
     batch, nheads = 2, 8
     cfg = configs.HopperFwdConfig(block_m=128, block_n=128, num_stages=2, persistent=True)
     for seqlen, causal, persistent, balanced, schedule in [(1000, True, True, True, 1), (1000, False, True, True, 2),
@@ -110,7 +112,7 @@ def test_schedule():
         q = torch.randn(batch, seqlen, nheads, 128, dtype=torch.bfloat16)
         lse = torch.empty(batch, nheads, seqlen)
         run = dataclasses.replace(cfg, persistent=persistent, balanced=balanced)
-        grid, args, kwargs = fwd_hopper.launch_args(q, q, q, torch.empty_like(q), lse, None, None, None, 0.125,
+        grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, None, None, None, 0.125,
                                                     causal, True, run)
         n_m = -(-seqlen // 128)
         work = batch * nheads * (n_m if schedule == 2 else -(-n_m // 2))
@@ -139,13 +141,13 @@ def test_claims_launch_arguments():
         if varlen:
             q, lse = q.flatten(0, 1), torch.empty(nheads, batch * seqlen)
             cu, max_seqlen = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32), seqlen
-        grid, args, kwargs = fwd_hopper.launch_args(q, q, q, torch.empty_like(q), lse, cu, cu, max_seqlen, 0.125,
+        grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, cu, cu, max_seqlen, 0.125,
                                                     causal, True, run)
         named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
         n_m = -(-seqlen // cfg.block_m)
         counter = named["counter"]  # the claims counter and FROZEN_MAX's queue (bf16)
         assert counter.dtype == torch.int32 and not counter.any()
-        assert counter.numel() == fwd_hopper.REDO_QUEUE + batch * nheads * n_m * cfg.block_m // 64
+        assert counter.numel() == fwd_schedule.REDO_QUEUE + batch * nheads * n_m * cfg.block_m // 64
         if causal and claims and not varlen and n_m > 1:
             assert kwargs["SCHEDULE"] == 3
             assert named["tail_heads"] == min(batch * nheads, -(-claims * sms // -(-n_m // 2)))
@@ -153,7 +155,7 @@ def test_claims_launch_arguments():
             assert grid == (min(len(items), sms), )
         else:
             assert kwargs["SCHEDULE"] != 3
-        fp16 = fwd_hopper.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
+        fp16 = fwd_launch.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
                                       0.125, causal, True, run)  # FROZEN_MAX is for bf16 only
         assert fp16[2]["FROZEN_MAX"] is False and fp16[2]["SCHEDULE"] == kwargs["SCHEDULE"]
         fp16_counter = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, fp16[1]))["counter"]
@@ -175,7 +177,7 @@ def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
             q = q[0]
         return ops._hopper_config(q, q, q, (-1, 0) if causal else (-1, -1), packed_max)
 
-    if not fwd_hopper.GLUON_VERSION_OK:
+    if not GLUON_VERSION_OK:
         assert picked(16384, 64, False) is None and picked(16, 128, False) is None
         return
     full = configs.FWD_HOPPER[(64, False)]
@@ -220,10 +222,9 @@ def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward from their
     config's min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed
     batches stay portable."""
-    from flashtile.kernels.hopper import fwd as fwd_hopper
     monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
-    ok = fwd_hopper.GLUON_VERSION_OK
+    ok = GLUON_VERSION_OK
 
     def taken(backend, seqlen_k, head_dim=128, window=(-1, 0), packed=False):
         monkeypatch.setattr(configs, "BWD_BACKEND", backend)
@@ -363,7 +364,7 @@ def test_launch_arguments_with_three_consumer_warpgroups():
     batch, seqlen, nheads = 2, 1000, 4
     q, k, v = (torch.randn(batch, seqlen, nheads, 64, dtype=torch.bfloat16) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
-    grid, args, kwargs = fwd_hopper.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     assert named["n_m"] == 6 and named["n_bh"] == batch * nheads  # 1000 rows: 6 tiles of 192
     assert kwargs["SCHEDULE"] == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles

@@ -96,7 +96,7 @@ def shipped_jobs():
              for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
     jobs += [(compile_bwd, (head_dim, causal, cfg.dq, False, "none", True))
              for (head_dim, causal), cfg in configs.BWD_HOPPER.items() if cfg.dq is not None]
-    from flashtile.kernels.hopper.fwd import GLUON_VERSION_OK
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     jobs += [(compile_hopper_fwd, (head_dim, causal, cfg)) for (head_dim, causal), top in configs.FWD_HOPPER.items()
              if GLUON_VERSION_OK for cfg in configs.hopper_fwd_chain(top)]
     return jobs
@@ -136,10 +136,11 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
     import torch
 
     from flashtile.kernels.hopper import fwd as fwd_hopper
+    from flashtile.kernels.hopper import fwd_launch
 
     q, k, v = (torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(2, 4, seqlen)
-    grid, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
                                                 cfg)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
                 config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs)

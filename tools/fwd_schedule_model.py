@@ -1,7 +1,7 @@
 """A model of the Hopper forward's persistent grid (docs/perf.md, forward v29 and v38): which programs get which
-work items (a replica of kernels/fwd_hopper._item, in Python) and how long the busiest program runs, in K/V tiles
-times the share of the tile's warpgroups that compute; with claims (SCHEDULE 3, _lpt_item), each item goes to the
-program that becomes free first. Also checks that every order takes each Q tile exactly once.
+work items (a replica of kernels/hopper/fwd_schedule.work_item, in Python) and how long the busiest program runs, in
+K/V tiles times the share of the tile's warpgroups that compute; with claims (SCHEDULE 3, lpt_item), each item goes
+to the program that becomes free first. Also checks that every order takes each Q tile exactly once.
 
     python tools/fwd_schedule_model.py
 """
@@ -51,7 +51,7 @@ def cost(m, seqlen, block_m, causal):
 
 
 def lpt_item(i, side, n_m, n_bh, tail_heads):
-    """(head, Q tile, whether a second tile follows) of side ``side`` of claimed item i, as _lpt_item computes it."""
+    """(head, Q tile, whether a second tile follows) of side ``side`` of claimed item i, as fwd_schedule.lpt_item computes it."""
     n_half = (n_m + 1) // 2
     n_pairs = (n_bh - tail_heads) * n_half
     if i < n_pairs:

@@ -23,6 +23,7 @@ import compile_sm90  # noqa: E402
 
 from flashtile import configs  # noqa: E402
 from flashtile.kernels.hopper import fwd as fwd_hopper  # noqa: E402
+from flashtile.kernels.hopper import fwd_launch  # noqa: E402
 
 
 def code_of(ptx):
@@ -90,7 +91,7 @@ def snapshot():
                         else:
                             q, k, v = (torch.empty(2, n, 4, head_dim, dtype=dtype) for _ in range(3))
                             lse, packed = torch.empty(2, 4, n), (None, None, None)
-                        _, args, kwargs = fwd_hopper.launch_args(q, k, v, torch.empty_like(q), lse, *packed, 0.1,
+                        _, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *packed, 0.1,
                                                                  causal, True, cfg)
                         key = f"D={head_dim} causal={causal} config {i} N={n} {dtype} varlen={varlen}"
                         out[key] = _ptx(compile_sm90._compile_gluon, fwd_hopper.flash_fwd_hopper_kernel, args,

@@ -12,6 +12,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ..common.online_softmax import LN2, online_softmax_step
+from .fwd_schedule import REDO_QUEUE, WG_M, counter_op, tile_at
 
 
 @gluon.jit
@@ -61,3 +62,49 @@ def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, 
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
     gl.store(O + o_offset + offs_m.to(gl.int64)[:, None] * stride_on + cols[None, :], out,
              mask=(offs_m < sq)[:, None])
+
+
+@gluon.jit
+def out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, IS_VARLEN: gl.constexpr):
+    """Where a head's rows of sequence b start in O and in LSE."""
+    o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+    if IS_VARLEN:
+        o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
+        lse_offset = h.to(gl.int64) * stride_lh + q_row
+    return o_offset, lse_offset
+
+
+@gluon.jit
+def push_redo(counter, code):
+    """FROZEN_MAX: queue one warpgroup's rows of a work item (code = (head · n_m + Q tile) · NUM_WG + warpgroup) for
+    redo. counter[1] counts the queued codes, which start at counter[REDO_QUEUE]."""
+    slot = counter_op(counter, 1, 1)
+    counter_op(counter, REDO_QUEUE + slot, code, XCHG=True)
+
+
+@gluon.jit
+def redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+          q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
+          seqlen_k, nheads, group,
+          n_m, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr):
+    """FROZEN_MAX, once a program's partitions are done: counter[2] counts the programs, and the launch's last one
+    (every queued code is in by then) computes the queued rows exactly (exact_rows), then sets the counts back to 0
+    for the stream's next launch."""
+    NUM_WG: gl.constexpr = BLOCK_M // WG_M
+    if counter_op(counter, 2, 1) == gl.num_programs(0) - 1:
+        n_redo = counter_op(counter, 1, 0)  # (not in range(): its bound is emitted twice)
+        for i in range(n_redo):
+            code = counter_op(counter, REDO_QUEUE + i, 0)
+            tile = code // NUM_WG
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = tile_at(
+                tile // n_m, tile % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
+                k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
+            o_offset, lse_offset = out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+                                                IS_VARLEN)
+            exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h, k_row,
+                       (h // group) * k_col_h, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset, lse_offset,
+                       stride_on, qk_scale, HEAD_DIM, CAUSAL, MAY_BE_EMPTY)
+        counter_op(counter, 1, 0, XCHG=True)  # the counts back to 0 for the stream's next launch
+        counter_op(counter, 2, 0, XCHG=True)

@@ -36,7 +36,6 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -49,24 +48,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from ..common.online_softmax import LN2, LOG2E, online_softmax_step
-from ..common.replay import Replay, Replays, aligned, detach_descriptor, stream_handle
-from ..common.tiles import cdiv, num_sms
+from ..common.online_softmax import LN2, online_softmax_step
 from .common import (
-    GLUON_VERSION_OK,
-    descriptor,
     register_operand_layout,
-    smem_layout,
-    view,
-    view_layout,
     wgmma_layout,
 )
-from .exact_rows import exact_rows
+from .exact_rows import out_offsets, push_redo, redo
+from .fwd_schedule import (
+    WG_M,
+    lpt_item,
+    n_items,
+    tile_at,
+    work_tile,
+)
 
-WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
 REBASE_AT = gl.constexpr(2.0**16)  # FROZEN_MAX: a row sum at this moves the row's reference up (_rebase) ...
 REBASE_EVERY = gl.constexpr(8)  # ... at every REBASE_EVERY-th K/V tile of an item, and after its last
-REDO_QUEUE = gl.constexpr(3)  # counter: [0] claims (SCHEDULE 3), [1] codes queued for _redo, [2] consumers done, queue
 
 
 @aggregate
@@ -142,110 +139,6 @@ def row_run_layout(n):
 
 
 @gluon.jit
-def _n_items(n_m, n_bh, SCHEDULE: gl.constexpr):
-    """How many work items this program takes: every grid-th of the n_m·n_bh Q tiles (SCHEDULE 2), or both
-    sides of every grid-th of the ⌈n_m / 2⌉·n_bh pairs."""
-    if SCHEDULE == 2:
-        return gl.cdiv(n_m * n_bh - gl.program_id(0), gl.num_programs(0))
-    return 2 * gl.cdiv((n_m + 1) // 2 * n_bh - gl.program_id(0), gl.num_programs(0))
-
-
-@gluon.jit
-def _item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr):
-    """(head of the batch, Q tile) of this program's w-th work item. Pair j of a head holds its Q tiles
-    n_m − 1 − j and j, so under a causal mask every pair costs the same (n_m + 1 K/V tiles); the pairs (or
-    tiles) of a head are neighbours, so programs running at once share its K and V in L2. With SCHEDULE ≥ 1
-    the light work comes after all the rest, so the last round evens out the programs: a ragged last tile
-    (whose idle warpgroups skip it; SCHEDULE 2, non-causal: single tiles) and the one-tile middle pair. Packed
-    sequences are ordered by the longest one's tiles."""
-    rem = seqlen_q % BLOCK_M  # 0 < rem <= BLOCK_M - WG_M: the last Q tile leaves a warpgroup idle (Nq = 1: ints)
-    ragged = (rem + BLOCK_M - 1) // BLOCK_M - (rem + WG_M - 1) // BLOCK_M
-    if SCHEDULE == 2:
-        item = gl.program_id(0) + w * gl.num_programs(0)
-        n_whole = n_m - ragged
-        bh = item // gl.maximum(n_whole, 1)
-        m = item % gl.maximum(n_whole, 1)
-        if item >= n_bh * n_whole:
-            bh = item - n_bh * n_whole
-            m = n_m - 1
-    else:
-        pair = gl.program_id(0) + w // 2 * gl.num_programs(0)
-        side = w % 2
-        n_half = (n_m + 1) // 2
-        if SCHEDULE == 1:
-            n_light = gl.minimum(ragged + n_m % 2, n_half)  # pairs j = 0 (ragged) and n_half - 1 (n_m odd)
-            n_heavy = n_half - n_light
-            bh = pair // gl.maximum(n_heavy, 1)
-            j = pair % gl.maximum(n_heavy, 1) + ragged
-            if pair >= n_bh * n_heavy:
-                bh = (pair - n_bh * n_heavy) // n_light
-                j = ((pair - n_bh * n_heavy) % n_light + 1 - ragged) * (n_half - 1)
-        else:
-            bh = pair // n_half
-            j = pair % n_half
-        m = j + (1 - side) * (n_m - 1 - 2 * j) + side * (2 * j == n_m - 1).to(gl.int32) * (n_m - j)
-    return bh, m
-
-
-@gluon.jit
-def _tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-          seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
-    """This program's w-th work item (see _item): _tile_at of its head and Q tile."""
-    bh, m = _item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE)
-    return _tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                    seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
-
-
-@gluon.jit
-def _tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-             seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-             IS_VARLEN: gl.constexpr):
-    """Q tile m of head bh (of the batch): the tile's first
-    row (past the sequence for the second side of an odd middle pair), batch, head, both sequences' first rows
-    and lengths in the 2-D views, the causal offset, the K/V tiles it visits and how many of them are whole."""
-    start_m = m * BLOCK_M
-    b = bh // nheads
-    h = bh % nheads
-    q_row = b * q_rows_b + h * q_rows_h
-    k_row = b * k_rows_b + (h // group) * k_rows_h
-    if IS_VARLEN:
-        q_row = gl.load(cu_seqlens_q + b)
-        k_row = gl.load(cu_seqlens_k + b)
-        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row
-        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row
-    diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
-    hi = seqlen_k
-    full_hi = seqlen_k
-    if CAUSAL:
-        hi = gl.minimum(hi, start_m + BLOCK_M + diag)
-        full_hi = gl.minimum(full_hi, start_m + 1 + diag)
-    n_tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)  # a row band that sees no key still runs one masked tile
-    n_full = gl.maximum(full_hi, 0) // BLOCK_N
-    return start_m, b, h, q_row, k_row, seqlen_q, seqlen_k, diag, n_tiles, n_full
-
-
-@gluon.jit
-def _lpt_item(i, side, n_m, n_bh, tail_heads):
-    """SCHEDULE 3 (causal, one program per SM): (head, Q tile, whether a second tile follows) of side 0 or 1 of
-    the i-th item of one order that the programs claim from a counter as each becomes free. The items are pairs of
-    Q tiles (n_m − 1 − j, j) in head order, then the last tail_heads heads' tiles one at a time, heaviest first:
-    the last claims are small, and the programs finish together."""
-    n_half = (n_m + 1) // 2
-    n_pairs = (n_bh - tail_heads) * n_half
-    t = gl.maximum(i - n_pairs, 0)
-    bh = n_bh - tail_heads + t % tail_heads
-    m = n_m - 1 - t // tail_heads
-    two = i < 0
-    if i < n_pairs:
-        bh = i // n_half
-        j = i % n_half
-        m = j + (1 - side) * (n_m - 1 - 2 * j)
-        two = (side == 0) & (2 * j != n_m - 1)
-    return bh, m, two
-
-
-@gluon.jit
 def _claimed(code_smem, q_bar, wg: gl.constexpr, done):
     """SCHEDULE 3: the code (bh · n_m + m, or -1: no more) of this consumer's next Q tile, which the loader writes
     beside its Q rows."""
@@ -300,8 +193,8 @@ def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_se
         side = 0
         claimed = 0
         while i < n_work:
-            bh, m, two = _lpt_item(i, side, n_m, n_bh, tail_heads)
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
+            bh, m, two = lpt_item(i, side, n_m, n_bh, tail_heads)
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = tile_at(
                 bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
                 seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN)
             g, claimed = _load_item(sw, ring, q_desc, k_desc, v_desc, bh * n_m + m, counter, side == 0, claimed,
@@ -317,8 +210,8 @@ def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_se
             ring.code.index(s).store(gl.full([1], -1, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
             mbarrier.arrive(ring.q_bar.index(s))
     else:
-        for w in range(_n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
+        for w in range(n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = work_tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
                 seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
             if start_m < sq:
@@ -416,7 +309,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
     dtype: gl.constexpr = ring.q.dtype
     q_wg = ring.q.index(wg)
     s_zero = gl.zeros([WG_M, sw.BLOCK_N], gl.float32, layout=s_layout)
-    bad = gl.to_tensor(0)  # FROZEN_MAX: 1 where these rows are left to _redo
+    bad = gl.to_tensor(0)  # FROZEN_MAX: 1 where these rows are left to redo
     if start_m + wg * WG_M >= sq:  # rows all past the sequence: no products, no stores
         mbarrier.wait(ring.q_bar.index(wg), done & 1)
         mbarrier.arrive(ring.q_free.index(wg))
@@ -519,7 +412,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
                     sw.STAGES, NUM_WG,
                     sw.PINGPONG)
 
-        o_offset, lse_offset = _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+        o_offset, lse_offset = out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
                                             sw.IS_VARLEN)
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
@@ -565,69 +458,6 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
 
 
 @gluon.jit
-def _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, IS_VARLEN: gl.constexpr):
-    """Where a head's rows of sequence b start in O and in LSE."""
-    o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-    lse_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-    if IS_VARLEN:
-        o_offset = q_row.to(gl.int64) * stride_on + h.to(gl.int64) * stride_oh
-        lse_offset = h.to(gl.int64) * stride_lh + q_row
-    return o_offset, lse_offset
-
-
-@triton.constexpr_function
-def _one_lane():
-    return gl.BlockedLayout([1], [32], [4], [0])
-
-
-@gluon.jit
-def _counter_op(counter, index, value, XCHG: gl.constexpr = False):
-    """One atomic on counter[index] for the whole warpgroup (acquire-release, GPU scope): its old value."""
-    lane = gl.arange(0, 128, layout=_one_lane())
-    ptrs = counter + index + lane * 0
-    if XCHG:
-        old = gl.atomic_xchg(ptrs, value + lane * 0, mask=lane == 0)
-    else:
-        old = gl.atomic_add(ptrs, value + lane * 0, mask=lane == 0)
-    return gl.max(gl.where(lane == 0, old, 0), axis=0)
-
-
-@gluon.jit
-def _push_redo(counter, code):
-    """FROZEN_MAX: queue one warpgroup's rows of a work item (code = (head · n_m + Q tile) · NUM_WG + warpgroup) for
-    _redo. counter[1] counts the queued codes, which start at counter[REDO_QUEUE]."""
-    slot = _counter_op(counter, 1, 1)
-    _counter_op(counter, REDO_QUEUE + slot, code, XCHG=True)
-
-
-@gluon.jit
-def _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
-          q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
-          seqlen_k, nheads, group,
-          n_m, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr):
-    """FROZEN_MAX, once a program's partitions are done: counter[2] counts the programs, and the launch's last one
-    (every queued code is in by then) computes the queued rows exactly (exact_rows), then sets the counts back to 0
-    for the stream's next launch."""
-    NUM_WG: gl.constexpr = BLOCK_M // WG_M
-    if _counter_op(counter, 2, 1) == gl.num_programs(0) - 1:
-        n_redo = _counter_op(counter, 1, 0)  # (not in range(): its bound is emitted twice)
-        for i in range(n_redo):
-            code = _counter_op(counter, REDO_QUEUE + i, 0)
-            tile = code // NUM_WG
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
-                tile // n_m, tile % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
-                k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
-            o_offset, lse_offset = _out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                                                IS_VARLEN)
-            exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h, k_row,
-                       (h // group) * k_col_h, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset, lse_offset,
-                       stride_on, qk_scale, HEAD_DIM, CAUSAL, MAY_BE_EMPTY)
-        _counter_op(counter, 1, 0, XCHG=True)  # the counts back to 0 for the stream's next launch
-        _counter_op(counter, 2, 0, XCHG=True)
-
-
-@gluon.jit
 def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
               q_col_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
               nheads, group, n_m, n_bh, qk_scale):
@@ -635,7 +465,7 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
     runs. Its Q rows are handed back to the loader as soon as the last Q·Kᵀ is done. With FROZEN_MAX, rows whose
-    frozen reference failed are queued for _redo."""
+    frozen reference failed are queued for redo."""
     NUM_WG: gl.constexpr = sw.BLOCK_M // WG_M
     g = 0  # K/V tiles consumed so far (the loader's count)
     turns = 0  # batches of products issued so far (ping-pong)
@@ -643,7 +473,7 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
     if sw.SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
         code = _claimed(ring.code, ring.q_bar, wg, done)
         while code >= 0:
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile_at(
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = tile_at(
                 code // n_m, code % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
                 k_rows_h, seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN)
             bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full,
@@ -651,14 +481,14 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
                                 qk_scale)
             if sw.FROZEN_MAX:
                 if bad > 0:
-                    _push_redo(counter, (code * NUM_WG + wg))
+                    push_redo(counter, (code * NUM_WG + wg))
             g += n_tiles
             turns += n_tiles + 1
             done += 1
             code = _claimed(ring.code, ring.q_bar, wg, done)
     else:
-        for w in range(_n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = _tile(
+        for w in range(n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = work_tile(
                 w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
                 seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
             if start_m < sq:
@@ -667,7 +497,7 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
                                     stride_lh, qk_scale)
                 if sw.FROZEN_MAX:
                     if bad > 0:
-                        _push_redo(counter, ((b * nheads + h) * n_m + start_m // sw.BLOCK_M) * NUM_WG + wg)
+                        push_redo(counter, ((b * nheads + h) * n_m + start_m // sw.BLOCK_M) * NUM_WG + wg)
                 g += n_tiles
                 turns += n_tiles + 1
                 done += 1
@@ -687,8 +517,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                             SCHEDULE: gl.constexpr,
                             FROZEN_MAX: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
-    nheads heads (see _item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
-    ``counter``, see _lpt_item) (with a persistent grid the loader fetches
+    nheads heads (see work_item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
+    ``counter``, see lpt_item) (with a persistent grid the loader fetches
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
     (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h."""
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
@@ -757,142 +587,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                                group, n_m, n_bh)),
         ], [4, 1], [REGS, 24])
     if FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
-        _redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+        redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
               q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
               seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN,
               sw.MAY_BE_EMPTY)
-
-
-def supports(q, k, v, window_size):
-    """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
-    causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read."""
-    varlen = q.dim() == 3
-    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
-            and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and view_layout(t, varlen) is not None for t in (q, k, v)))
-
-
-_REPLAYS = Replays()
-_COUNTERS = {}  # (device, stream) -> the int32 that SCHEDULE 3 launches on that stream claim items from
-_GRAPH_COUNTERS = []  # those of launches captured in CUDA graphs, one each
-
-
-def uses_claims(config, causal, varlen, seqlen_q):
-    """Whether the launch takes SCHEDULE 3: causal, one program per SM, equal-length sequences (with packed ones
-    the host does not know each tile's work), two Q tiles or more (with one, the compiler folds a consumer's rows
-    past the sequence, and spills)."""
-    return (config.claims > 0 and causal and not varlen and config.persistent and config.block_m < seqlen_q
-            <= config.persistent_max_seqlen)
-
-
-def uses_frozen_max(config, dtype):
-    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow far past fp16's range)."""
-    return config.frozen_max and dtype == torch.bfloat16
-
-
-def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q):
-    """How many int32 the launch's counter needs (0: none): the claims counter (SCHEDULE 3), and with FROZEN_MAX
-    the queue of _redo, a place for every (head, Q tile, consumer warpgroup)."""
-    varlen = cu_seqlens_q is not None
-    batch, seqlen_q = (cu_seqlens_q.numel() - 1, max_seqlen_q) if varlen else (q.shape[0], q.shape[1])
-    if uses_frozen_max(config, q.dtype):
-        return REDO_QUEUE.value + batch * q.shape[-2] * cdiv(seqlen_q, config.block_m) * (config.block_m // WG_M.value)
-    return 1 if uses_claims(config, causal, varlen, seqlen_q) else 0
-
-
-def _counter(device, size):
-    """The zeroed int32 counter (at least ``size`` of them) a launch claims items from and queues FROZEN_MAX's
-    failed rows in. Eager: one per stream, made on its first launch, grown when a launch needs more (each launch's
-    last claim, and its last consumer, set their counts back to 0, so the launches of a stream, in order, each start
-    from 0). While a CUDA graph is captured: one of the graph's own, zeroed in the graph before the kernel, so that
-    graphs replayed at once on different streams do not share one."""
-    if torch.cuda.is_current_stream_capturing():
-        _GRAPH_COUNTERS.append(torch.zeros(size, dtype=torch.int32, device=device))  # alive while any graph may be
-        return _GRAPH_COUNTERS[-1]
-    key = (device, stream_handle(device))
-    if key not in _COUNTERS or _COUNTERS[key].numel() < size:
-        if len(_COUNTERS) >= 64:  # streams made and dropped call after call (a replay keeps its own counter alive)
-            _COUNTERS.clear()
-        _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
-def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      bottom_right, config):
-    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
-    call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors
-    of this call's tensors."""
-    size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
-    counter = _counter(q.device, size) if size else None
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, out.stride(), lse.stride(),
-           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, causal, bottom_right,
-           config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k), None if counter is None else counter.data_ptr())
-    replay = _REPLAYS.get(key)
-    if replay is None:
-        grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                         causal, bottom_right, config, counter)
-        replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
-                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Qp", "Kp", "Vp", "cu_seqlens_q",
-                         "cu_seqlens_k"])
-        if replay.compiled is not None:
-            replay.descriptors = [detach_descriptor(d) for d in args[:4]]
-            replay.stage_o = kwargs["STAGE_O"]
-        _REPLAYS.put(key, replay)
-    else:
-        tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
-        descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, tensors))
-        replay.run(q.device, *descs, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k)
-
-
-def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
-                config, counter=None):
-    """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
-    ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
-    failed rows in (None: not needed, or a new one)."""
-    varlen = cu_seqlens_q is not None
-    nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    q_layout, q_rows_b, q_rows_h, q_col_h = view_layout(q, varlen)
-    k_layout, k_rows_b, k_rows_h, k_col_h = view_layout(k, varlen)
-    q2, k2, v2 = view(q, q_layout), view(k, k_layout), view(v, view_layout(v, varlen)[0])
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    # O by TMA stores where its 2-D view maps rows as Q's does (the same row and column offsets serve both)
-    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and view_layout(out, varlen) == view_layout(q, varlen))
-    o2 = view(out, q_layout) if stage_o else q2
-    descs = [descriptor(t, [block, head_dim], smem_layout(block, head_dim, dtype))
-             for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n), (o2, WG_M.value))]
-    if varlen:
-        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
-        o_strides = (0, out.stride(0), out.stride(1))
-        lse_strides = (0, lse.stride(0))
-    else:
-        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        o_strides = (out.stride(0), out.stride(1), out.stride(2))
-        lse_strides = (lse.stride(0), lse.stride(1))
-    n_m = cdiv(seqlen_q, config.block_m)
-    persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
-    # (single tiles need two of them: with one, the compiler folds a consumer's rows past Nq = 1 and crashes)
-    schedule = (2 if persistent and not causal and n_m > 1 else 1) if config.balanced else 0
-    n_bh, n_half, sms = batch * nheads, cdiv(n_m, 2), num_sms(q.device)
-    n_work = n_bh * (n_m if schedule == 2 else n_half)  # Q tiles, or pairs of them (see _item)
-    tail_heads = 1
-    if uses_claims(config, causal, varlen, seqlen_q):
-        schedule, tail_heads = 3, min(n_bh, cdiv(config.claims * sms, n_half))  # the tail: claims rounds of pairs
-        n_work = (n_bh - tail_heads) * n_half + tail_heads * n_m  # (see _lpt_item)
-    grid = (min(n_work, sms) if persistent else n_work, )
-    frozen = uses_frozen_max(config, q.dtype)
-    if (schedule == 3 or frozen) and counter is None:
-        counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q), dtype=torch.int32,
-                              device=q.device)
-    args = (*descs, out, lse, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0), cu_seqlens_q, cu_seqlens_k,
-            counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
-            q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
-            nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
-                  CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                  OVERLAP_PV=config.overlap_pv,
-                  STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
-                  STAGE_O=stage_o,
-                  EARLY_P=config.early_p, Q_REGS=config.q_regs,
-                  SCHEDULE=schedule, FROZEN_MAX=frozen,
-                  REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
-    return grid, args, kwargs

@@ -1,0 +1,104 @@
+"""The sm90 forward's host side (kernels/hopper/fwd.py is the kernel): whether it covers a call, its grid and
+arguments, and the launch, replayed after a launch key's first call (kernels/common/replay.py)."""
+import torch
+from triton.experimental.gluon import language as gl
+
+from ..common.online_softmax import LOG2E
+from ..common.replay import Replay, Replays, aligned, detach_descriptor
+from ..common.tiles import cdiv, num_sms
+from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
+from .fwd import flash_fwd_hopper_kernel
+from .fwd_schedule import WG_M, counter_size, stream_counter, uses_claims, uses_frozen_max
+
+
+def supports(q, k, v, window_size):
+    """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
+    causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read."""
+    varlen = q.dim() == 3
+    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
+            and window_size[1] in (-1, 0)
+            and all(t.data_ptr() % 16 == 0 and view_layout(t, varlen) is not None for t in (q, k, v)))
+
+
+_REPLAYS = Replays()
+
+
+def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
+                      bottom_right, config):
+    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
+    call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors
+    of this call's tensors."""
+    size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
+    counter = stream_counter(q.device, size) if size else None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, out.stride(), lse.stride(),
+           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, causal, bottom_right,
+           config, aligned(out, lse, cu_seqlens_q, cu_seqlens_k), None if counter is None else counter.data_ptr())
+    replay = _REPLAYS.get(key)
+    if replay is None:
+        grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                                         causal, bottom_right, config, counter)
+        replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
+                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Qp", "Kp", "Vp", "cu_seqlens_q",
+                         "cu_seqlens_k"])
+        if replay.compiled is not None:
+            replay.descriptors = [detach_descriptor(d) for d in args[:4]]
+            replay.stage_o = kwargs["STAGE_O"]
+        _REPLAYS.put(key, replay)
+    else:
+        tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
+        descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, tensors))
+        replay.run(q.device, *descs, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k)
+
+
+def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
+                config, counter=None):
+    """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
+    ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
+    failed rows in (None: not needed, or a new one)."""
+    varlen = cu_seqlens_q is not None
+    nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    q_layout, q_rows_b, q_rows_h, q_col_h = view_layout(q, varlen)
+    k_layout, k_rows_b, k_rows_h, k_col_h = view_layout(k, varlen)
+    q2, k2, v2 = view(q, q_layout), view(k, k_layout), view(v, view_layout(v, varlen)[0])
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    # O by TMA stores where its 2-D view maps rows as Q's does (the same row and column offsets serve both)
+    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and view_layout(out, varlen) == view_layout(q, varlen))
+    o2 = view(out, q_layout) if stage_o else q2
+    descs = [descriptor(t, [block, head_dim], smem_layout(block, head_dim, dtype))
+             for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n), (o2, WG_M.value))]
+    if varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
+        o_strides = (0, out.stride(0), out.stride(1))
+        lse_strides = (0, lse.stride(0))
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        o_strides = (out.stride(0), out.stride(1), out.stride(2))
+        lse_strides = (lse.stride(0), lse.stride(1))
+    n_m = cdiv(seqlen_q, config.block_m)
+    persistent = config.persistent and seqlen_q <= config.persistent_max_seqlen
+    # (single tiles need two of them: with one, the compiler folds a consumer's rows past Nq = 1 and crashes)
+    schedule = (2 if persistent and not causal and n_m > 1 else 1) if config.balanced else 0
+    n_bh, n_half, sms = batch * nheads, cdiv(n_m, 2), num_sms(q.device)
+    n_work = n_bh * (n_m if schedule == 2 else n_half)  # Q tiles, or pairs of them (see work_item)
+    tail_heads = 1
+    if uses_claims(config, causal, varlen, seqlen_q):
+        schedule, tail_heads = 3, min(n_bh, cdiv(config.claims * sms, n_half))  # the tail: claims rounds of pairs
+        n_work = (n_bh - tail_heads) * n_half + tail_heads * n_m  # (see lpt_item)
+    grid = (min(n_work, sms) if persistent else n_work, )
+    frozen = uses_frozen_max(config, q.dtype)
+    if (schedule == 3 or frozen) and counter is None:
+        counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q), dtype=torch.int32,
+                              device=q.device)
+    args = (*descs, out, lse, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0), cu_seqlens_q, cu_seqlens_k,
+            counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
+            q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
+            nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
+                  CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
+                  OVERLAP_PV=config.overlap_pv,
+                  STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
+                  STAGE_O=stage_o,
+                  EARLY_P=config.early_p, Q_REGS=config.q_regs,
+                  SCHEDULE=schedule, FROZEN_MAX=frozen,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
+    return grid, args, kwargs
