@@ -56,10 +56,8 @@ def demo(args):
     q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device=device, dtype=dtype) for _ in range(3))
     print(f"shape: batch {batch}, seqlen {seqlen}, heads {nheads}, head dim {head_dim}, {dtype}, "
           f"{'causal' if causal else 'non-causal'}")
-    from .ops import _hopper_config
-    hopper = _hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
-    print("forward kernel: " + ("the warp-specialized Hopper kernel (kernels/hopper/fwd.py)" if hopper
-                                else "the portable Triton kernel (kernels/portable/fwd.py)"))
+    from . import dispatch
+    print(f"forward: {dispatch.forward(q, k, v, (-1, 0) if causal else (-1, -1))}")
 
     out = flash_attn_func(q, k, v, causal=causal)
     ref, _ = reference.attention(q[:1], k[:1], v[:1], causal=causal)
@@ -128,9 +126,29 @@ def backward_plans():
     return lines
 
 
-def info(_args):
+def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
+    """(forward plan, backward plan) of flash_attn_func on new tensors of that shape on this machine's device (bf16 on
+    a GPU; fp16 under the interpreter)."""
+    from . import dispatch
+    device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float16)
+    q = torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype)
+    k = torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype)
+    window = (-1, 0) if causal else (-1, -1)
+    return dispatch.forward(q, k, k, window), dispatch.backward(q, k, k, q, window, deterministic=deterministic)
+
+
+def info(args):
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}")
+    kv_heads = args.kv_heads or args.heads
+    if args.heads % kv_heads:
+        args.parser.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
+    forward, backward = call_plans(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, args.causal,
+                                   args.deterministic)
+    print(f"flash_attn_func on (batch {args.batch}, seqlen {args.seqlen}, heads {args.heads}/{kv_heads}, head dim "
+          f"{args.head_dim}{', causal' if args.causal else ''}) here runs, in flashtile/:")
+    print(f"  forward: {forward}")
+    print(f"  backward: {backward}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
         from . import configs
@@ -156,7 +174,14 @@ def main(argv=None):
     p_demo.add_argument("--no-causal", action="store_true")
     sub.add_parser("bench", help="the full benchmark (GPU); same as python -m flashtile.bench")
     sub.add_parser("tune", help="the tile-config sweep (GPU); same as python -m flashtile.bench.tune")
-    sub.add_parser("info", help="versions and device")
+    p_info = sub.add_parser("info", help="versions, device, and which kernel and config serve a call")
+    p_info.add_argument("--batch", type=_positive_int, default=1)
+    p_info.add_argument("--seqlen", type=_positive_int, default=4096)
+    p_info.add_argument("--heads", type=_positive_int, default=16)
+    p_info.add_argument("--kv-heads", type=_positive_int, default=None, help="GQA/MQA (default: --heads)")
+    p_info.add_argument("--head-dim", type=_positive_int, default=128)
+    p_info.add_argument("--causal", action="store_true")
+    p_info.add_argument("--deterministic", action="store_true")
     p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")
     p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "fa2_bwd", "decode"], default="fa2")
     p_viz.add_argument("--seqlen", type=_positive_int, default=8)
@@ -175,7 +200,7 @@ def main(argv=None):
         from .bench.tune import main as tune_main
         return tune_main(argv[1:])
     args = parser.parse_args(argv)
-    args.parser = p_viz
+    args.parser = {"viz": p_viz, "info": p_info}.get(args.command, parser)
     return {"demo": demo, "info": info, "viz": viz}[args.command](args)
 
 

@@ -1,9 +1,87 @@
 """Which kernel and which config serve a call: the rules over the tables of flashtile/configs.py, in one place.
-ops.py asks here. Each rule reads the tables when it is called, so tests and sweeps may swap a table in
-configs."""
-from dataclasses import replace
+ops.py asks here (``forward`` and ``backward`` return a Plan, which ``flashtile info`` prints). Each rule reads the
+tables when it is called, so tests and sweeps may swap a table in configs."""
+import functools
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
 
 from . import configs
+from .checks import interpreter_enabled
+from .kernels.common.tiles import head_dim_pad
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What serves a call: the kernel file under flashtile/kernels/ whose launcher runs it, its config, and for the
+    sm90 backward the design (configs.HopperBwdConfig.design: the launches in order)."""
+    kernel: str
+    config: object
+    design: str = ""
+
+    def __str__(self):
+        return f"kernels/{self.kernel}" + (f" ({self.design})" if self.design else "") + f" with {self.config}"
+
+
+@functools.lru_cache(maxsize=None)
+def arch(device: torch.device) -> Optional[tuple[int, int]]:
+    """(major, minor) of a CUDA device; None for the CPU."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def is_causal(window_size: tuple[int, int]) -> bool:
+    return window_size[1] == 0 and window_size[0] < 0
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
+            seqlen_q: Optional[int] = None, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
+    """The forward's plan: the sm90 kernel where hopper_forward_config gives a config (no softcap, no ALiBi), else the
+    portable kernel with fwd_config's tiles. ``seqlen_q``: the longest query sequence (q.shape[1] by default)."""
+    if not softcap and alibi_slopes is None:
+        config = hopper_forward_config(q, k, v, window_size, seqlen_q)
+        if config is not None:
+            return Plan("hopper/fwd.py", config)
+    return Plan("portable/fwd.py", fwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),
+                                              arch(q.device), interpreter_enabled()))
+
+
+def hopper_forward_config(q, k, v, window_size, seqlen_q=None):
+    """The sm90 forward's config when it covers the call (configs.FWD_BACKEND, the arch, the head dim's chain of
+    configs by min_seqlen_q, the kernel's ``supports``), else None."""
+    if configs.FWD_BACKEND == "portable" or arch(q.device) != (9, 0) or interpreter_enabled():
+        return None
+    rows = q.shape[1] if seqlen_q is None else seqlen_q
+    chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((q.shape[-1], is_causal(window_size))))
+    config = next((c for c in chain if rows >= c.min_seqlen_q), None)
+    if config is None:
+        return None
+    from .kernels.hopper.fwd_launch import supports
+    return config if supports(q, k, v, window_size) else None
+
+
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, window_size: tuple[int, int],
+             packed: bool = False, deterministic: bool = False, softcap: float = 0.0,
+             alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
+    """The backward's plan: the sm90 kernels (kernels/hopper/bwd.py launches them, in the config's design) where
+    takes_hopper_backward says so (no softcap, no ALiBi), else the portable backward with bwd_config's tiles."""
+    if not softcap and alibi_slopes is None and takes_hopper_backward(q, k, v, dout, window_size, packed):
+        config = configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))]
+        return Plan("hopper/bwd.py", config, config.design(deterministic))
+    return Plan("portable/bwd.py", bwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),
+                                              arch(q.device), interpreter_enabled()))
+
+
+def takes_hopper_backward(q, k, v, dout, window_size, packed):
+    """Whether the sm90 backward takes the call: configs.BWD_BACKEND ("auto": from the config's min_seqlen_k keys),
+    sm90, batch mode, a call the kernel's ``supports`` accepts."""
+    if configs.BWD_BACKEND == "portable" or packed or arch(q.device) != (9, 0) or interpreter_enabled():
+        return False
+    from .kernels.hopper.bwd import supports
+    if not supports(q, k, v, dout, window_size):
+        return False
+    config = configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))]
+    return configs.BWD_BACKEND == "hopper" or k.shape[1] >= config.min_seqlen_k
 
 
 def _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter):

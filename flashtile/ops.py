@@ -4,7 +4,6 @@ They take checked inputs (``api`` checks them), prepare tensors for the tensor d
 tile config and launch. Being custom ops with fake implementations, they trace under torch.compile
 as single nodes, without graph breaks.
 """
-import functools
 from typing import Optional
 
 import torch
@@ -42,15 +41,6 @@ def _ensure_allocator(device):
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-@functools.lru_cache(maxsize=None)
-def _arch(device):
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-
-
-def _is_causal(window_size):
-    return window_size[1] == 0 and window_size[0] < 0
-
-
 def _new_out(q, heads_first):
     """O shaped like q; ``heads_first`` stores it as (batch, nheads, seqlen, headdim), SDPA's layout."""
     if heads_first:
@@ -80,15 +70,18 @@ def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=Non
         return out.zero_(), lse.fill_(float("-inf"))
     if packed:  # offsets no kernel can read out of bounds with, whatever their values
         cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
-    if config is None and not softcap and alibi_slopes is None:
-        config = _hopper_config(q, k, v, window_size, max_seqlen_q if packed else q.shape[1])
-    if isinstance(config, configs.HopperFwdConfig):
+    if config is None:
+        plan = dispatch.forward(q, k, v, window_size, max_seqlen_q if packed else q.shape[1], softcap, alibi_slopes)
+    else:
+        plan = dispatch.Plan("hopper/fwd.py" if isinstance(config, configs.HopperFwdConfig) else "portable/fwd.py",
+                             config)
+    if plan.kernel == "hopper/fwd.py":
         from .kernels.hopper.fwd_launch import launch_fwd_hopper
         launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                          _is_causal(window_size), bottom_right, config)
+                          dispatch.is_causal(window_size), bottom_right, plan.config)
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-                          bottom_right, config, softcap, alibi_slopes)
+                          bottom_right, plan.config, softcap, alibi_slopes)
     if packed:  # rows past the last sequence
         launch_zero_unused_rows(out, cu_seqlens_q, lse)
     return out, lse
@@ -101,27 +94,10 @@ def _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
     if packed:
         _ensure_allocator(q.device)
-    if config is None:
-        config = dispatch.fwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
-                                    _arch(q.device), interpreter_enabled())
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
                config, softcap, _unit_last_stride(alibi_slopes))
     if o is not out:
         out.copy_(o)
-
-
-def _hopper_config(q, k, v, window_size, seqlen_q=None):
-    """The sm90 warp-specialized forward's config when it covers the call (``seqlen_q``: the longest query
-    sequence, q.shape[1] by default), else None."""
-    if configs.FWD_BACKEND == "portable" or _arch(q.device) != (9, 0) or interpreter_enabled():
-        return None
-    rows = q.shape[1] if seqlen_q is None else seqlen_q
-    chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((q.shape[-1], _is_causal(window_size))))
-    config = next((c for c in chain if rows >= c.min_seqlen_q), None)
-    if config is None:
-        return None
-    from .kernels.hopper.fwd_launch import supports
-    return config if supports(q, k, v, window_size) else None
 
 
 def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic,
@@ -143,37 +119,26 @@ def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bott
     dout, q, k, v, out = (_tma_ready(t) for t in (dout, q, k, v, out))
     if cu_seqlens_q is not None:
         _ensure_allocator(q.device)
-    if (config is None and not softcap and alibi_slopes is None
-            and _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q)):
-        from .kernels.hopper.bwd import launch_bwd_hopper
-        launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, _is_causal(window_size), bottom_right,
-                          deterministic, dlse=dlse)
-        return dq, dk, dv
     if config is None:
-        config = dispatch.bwd_config(head_dim_pad(q.shape[-1]), _is_causal(window_size), q.element_size(),
-                                    _arch(q.device), interpreter_enabled())
+        plan = dispatch.backward(q, k, v, dout, window_size, cu_seqlens_q is not None, deterministic, softcap,
+                                 alibi_slopes)
+    else:
+        plan = dispatch.Plan("portable/bwd.py", config)
+    if plan.kernel == "hopper/bwd.py":
+        from .kernels.hopper.bwd import launch_bwd_hopper
+        launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
+                          bottom_right, deterministic, plan.config, dlse=dlse)
+        return dq, dk, dv
     delta = None
     if dlse is not None:
         seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
         delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config, delta=delta, softcap=softcap,
+               softmax_scale, window_size, bottom_right, deterministic, plan.config, delta=delta, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))
     if cu_seqlens_q is not None:  # query rows past the last sequence
         launch_zero_unused_rows(dq, cu_seqlens_q)
     return dq, dk, dv
-
-
-def _hopper_bwd(q, k, v, dout, window_size, cu_seqlens_q):
-    """Whether the sm90 dK/dV kernel takes the call (configs.BWD_BACKEND)."""
-    if (configs.BWD_BACKEND == "portable" or cu_seqlens_q is not None or _arch(q.device) != (9, 0)
-            or interpreter_enabled()):
-        return False
-    from .kernels.hopper.bwd import supports
-    if not supports(q, k, v, dout, window_size):
-        return False
-    config = configs.BWD_HOPPER[(q.shape[-1], _is_causal(window_size))]
-    return configs.BWD_BACKEND == "hopper" or k.shape[1] >= config.min_seqlen_k
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
@@ -381,7 +346,7 @@ def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, 
     head-major cache (a key-major one, ``heads_adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no
     option
     that masks or biases scores (a causal mask over one new token masks nothing), else None."""
-    if (heads_adjacent or _arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
+    if (heads_adjacent or dispatch.arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
             or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None
             or window_size[0] >= 0 or (window_size[1] >= 0 and q.shape[1] > 1)):
         return None

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from flashtile import configs, flash_attn_func, ops
+from flashtile import configs, dispatch, flash_attn_func
 
 
 def sdpa(q, k, v, causal, backend=None):
@@ -28,7 +28,7 @@ def main():
                                      (4, 4096, 4096, 2048 // d, 2048 // d)):
                 q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16)
                 k, v = (torch.randn(b, nk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                used = ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
+                used = dispatch.hopper_forward_config(q, k, v, (-1, 0) if causal else (-1, -1)) is not None
                 out = flash_attn_func(q, k, v, causal=causal)
                 torch.cuda.synchronize()
                 ref = sdpa(q.double(), k.double(), v.double(), causal, "MATH")

@@ -86,9 +86,9 @@ def minimal(kind):
 
 def fwd():
     import flashtile
-    from flashtile import ops
+    from flashtile import dispatch
     q, k, v = (torch.randn(1, 512, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    assert ops._hopper_config(q, k, v, (-1, -1)) is not None
+    assert dispatch.hopper_forward_config(q, k, v, (-1, -1)) is not None
     out = flashtile.flash_attn_func(q, k, v)
     torch.cuda.synchronize()
     print("fwd: O finite", bool(out.isfinite().all()))
@@ -97,9 +97,9 @@ def fwd():
 def bwd():
     """The sm90 dQ and dK/dV Gluon kernels (kernels/hopper/bwd_dq.py, bwd.py)."""
     import flashtile
-    from flashtile import ops
+    from flashtile import dispatch
     q, k, v = (torch.randn(1, 2048, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    assert ops._hopper_bwd(q, k, v, q, (-1, -1), None)
+    assert dispatch.takes_hopper_backward(q, k, v, q, (-1, -1), False)
     flashtile.flash_attn_func(q, k, v).backward(torch.randn_like(q))
     torch.cuda.synchronize()
     print("bwd: dQ finite", bool(q.grad.isfinite().all()))

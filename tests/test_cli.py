@@ -72,3 +72,16 @@ def test_info_names_the_files_that_run_each_sm90_backward():
         assert names and all((kernels / name).is_file() for name in names), line
     assert any("hopper/bwd_split.py" in line and line.startswith("D=256") for line in lines)
     assert any("deterministic=True: hopper/bwd_dq.py" in line for line in lines)  # the one pass's exact fallback
+
+
+def test_info_prints_the_plans_of_a_call(capsys):
+    """`flashtile info --head-dim 64 --causal`: which kernel file and config serve that call on this machine, as
+    dispatch plans them."""
+    assert cli.main(["info", "--seqlen", "512", "--heads", "8", "--kv-heads", "2", "--head-dim", "64", "--causal"]) == 0
+    out = capsys.readouterr().out
+    forward, backward = cli.call_plans(1, 512, 8, 2, 64, True)
+    assert "heads 8/2, head dim 64, causal" in out
+    assert f"  forward: {forward}\n" in out and f"  backward: {backward}\n" in out
+    assert str(forward).startswith("kernels/") and " with " in str(backward)
+    with pytest.raises(SystemExit):
+        cli.main(["info", "--heads", "8", "--kv-heads", "3"])

@@ -483,7 +483,7 @@ def test_warp_specialized_dispatch(monkeypatch):
     assert dispatch.decode_hopper_config(128, 256, 4096, 132) is None
     monkeypatch.setattr(configs, "DECODE_BACKEND", "auto")
 
-    monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
 
     def head_major(batch=32, seqlen=4096, head_dim=128, dtype=torch.bfloat16):

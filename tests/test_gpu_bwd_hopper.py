@@ -9,7 +9,7 @@ from helpers import DTYPE_IDS, randn
 from test_gpu_bwd import assert_graph_replays_like_eager, check
 
 import flashtile
-from flashtile import configs, ops
+from flashtile import configs, dispatch
 
 pytestmark = pytest.mark.gpu
 
@@ -37,10 +37,10 @@ def bwd_path(request, monkeypatch):
 def test_taken_for_the_shapes_it_covers():
     for d in (64, 128, 256):
         q, k = randn(1, 256, 4, d, dtype=torch.bfloat16), randn(1, 256, 2, d, dtype=torch.bfloat16)
-        assert ops._hopper_bwd(q, k, k, q, (-1, -1), None)
-        assert ops._hopper_bwd(q, k, k, q, (-1, 0), None)
-        assert not ops._hopper_bwd(q, k, k, q, (128, 0), None)
-    assert not ops._hopper_bwd(q[..., :96], k[..., :96], k[..., :96], q[..., :96], (-1, -1), None)
+        assert dispatch.takes_hopper_backward(q, k, k, q, (-1, -1), False)
+        assert dispatch.takes_hopper_backward(q, k, k, q, (-1, 0), False)
+        assert not dispatch.takes_hopper_backward(q, k, k, q, (128, 0), False)
+    assert not dispatch.takes_hopper_backward(q[..., :96], k[..., :96], k[..., :96], q[..., :96], (-1, -1), False)
 
 
 SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),

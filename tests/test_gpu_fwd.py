@@ -14,7 +14,7 @@ from helpers import (
 )
 
 import flashtile
-from flashtile import configs, ops, reference
+from flashtile import configs, dispatch, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -40,11 +40,11 @@ def test_hopper_kernel_covers_the_common_layouts(forward_backend):
             heads_first = randn(2, 8, 1000, head_dim, dtype=dtype).transpose(1, 2)
             for window in ((-1, -1), (-1, 0)):
                 for layout in (q, heads_first):
-                    config = ops._hopper_config(layout, k, k, window)
+                    config = dispatch.hopper_forward_config(layout, k, k, window)
                     expected = forward_backend == "auto" and head_dim != 64
                     assert (config is not None) == expected, (head_dim, dtype, window)
-    assert ops._hopper_config(q[..., :-8], k[..., :-8], k[..., :-8], (-1, -1)) is None  # head dim 248
-    assert ops._hopper_config(q, k, k, (128, 0)) is None  # sliding window
+    assert dispatch.hopper_forward_config(q[..., :-8], k[..., :-8], k[..., :-8], (-1, -1)) is None  # head dim 248
+    assert dispatch.hopper_forward_config(q, k, k, (128, 0)) is None  # sliding window
 
 
 def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, window_size=(-1, -1)):
@@ -66,7 +66,7 @@ def check_varlen(seqlens_q, seqlens_k, head_dim, causal):
                                                        causal=causal, return_attn_probs=True)
     ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
     assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
-    return ops._hopper_config(q, k, v, (-1, 0) if causal else (-1, -1), max(seqlens_q))
+    return dispatch.hopper_forward_config(q, k, v, (-1, 0) if causal else (-1, -1), max(seqlens_q))
 
 
 def check_hopper_config(cfg, head_dim, causal, monkeypatch):

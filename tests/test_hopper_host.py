@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashtile import configs, ops
+from flashtile import configs, dispatch
 from flashtile.kernels.common.tiles import num_sms
 from flashtile.kernels.hopper import common as hopper_common
 from flashtile.kernels.hopper import fwd as fwd_hopper
@@ -69,7 +69,7 @@ def test_supports_only_full_or_causal_half_precision():
 
 def test_not_chosen_off_sm90():
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
-    assert ops._hopper_config(q, q, q, (-1, -1)) is None  # a CPU tensor: no sm90 here
+    assert dispatch.hopper_forward_config(q, q, q, (-1, -1)) is None  # a CPU tensor: no sm90 here
 
 
 def test_launch_arguments():
@@ -167,15 +167,15 @@ def test_claims_launch_arguments():
 def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
     """On sm90 (pretended here) D=64 takes the Hopper kernel from configs' min_seqlen_q query rows (the longest
     sequence when packed), three consumer warpgroups both masks; D=128 always, Q in registers from its threshold."""
-    monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
-    monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
 
     def picked(seqlen, head_dim, causal, packed_max=None):
         q = torch.randn(1, seqlen, 2, head_dim, dtype=torch.bfloat16)
         if packed_max is not None:
             q = q[0]
-        return ops._hopper_config(q, q, q, (-1, 0) if causal else (-1, -1), packed_max)
+        return dispatch.hopper_forward_config(q, q, q, (-1, 0) if causal else (-1, -1), packed_max)
 
     if not GLUON_VERSION_OK:
         assert picked(16384, 64, False) is None and picked(16, 128, False) is None
@@ -222,15 +222,15 @@ def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward from their
     config's min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed
     batches stay portable."""
-    monkeypatch.setattr(ops, "_arch", lambda device: (9, 0))
-    monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     ok = GLUON_VERSION_OK
 
     def taken(backend, seqlen_k, head_dim=128, window=(-1, 0), packed=False):
         monkeypatch.setattr(configs, "BWD_BACKEND", backend)
         q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
         k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
-        return ops._hopper_bwd(q, k, k, q, window, torch.zeros(2) if packed else None)
+        return dispatch.takes_hopper_backward(q, k, k, q, window, packed)
 
     assert {d for d, _ in configs.BWD_HOPPER} == {64, 128, 256}
     for (head_dim, causal), config in configs.BWD_HOPPER.items():

@@ -51,7 +51,8 @@ def cost(m, seqlen, block_m, causal):
 
 
 def lpt_item(i, side, n_m, n_bh, tail_heads):
-    """(head, Q tile, whether a second tile follows) of side ``side`` of claimed item i, as fwd_schedule.lpt_item computes it."""
+    """(head, Q tile, whether a second tile follows) of side ``side`` of claimed item i, as fwd_schedule.lpt_item
+    computes it."""
     n_half = (n_m + 1) // 2
     n_pairs = (n_bh - tail_heads) * n_half
     if i < n_pairs:

@@ -1,0 +1,71 @@
+"""flashtile/dispatch.py: the plan (kernel file, config, design) that serves a call, on any machine; sm90 is
+pretended where a test needs it (the kernels' own ``supports`` still judge the tensors)."""
+import pytest
+import torch
+
+from flashtile import configs, dispatch
+from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    """Plans as on an H100/H200: the arch reads (9, 0), no interpreter, the configs' backends on "auto"."""
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernels are written against triton 3.6")
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
+    monkeypatch.setattr(configs, "BWD_BACKEND", "auto")
+
+
+def tensors(seqlen, head_dim, heads=8, kv_heads=2, dtype=torch.bfloat16):
+    q = torch.randn(1, seqlen, heads, head_dim, dtype=dtype)
+    k = torch.randn(1, seqlen, kv_heads, head_dim, dtype=dtype)
+    return q, k, k.clone(), torch.randn_like(q)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_sm90_plans_name_the_gluon_kernels_and_their_configs(sm90, head_dim, causal):
+    window = (-1, 0) if causal else (-1, -1)
+    q, k, v, dout = tensors(4096, head_dim)
+    forward = dispatch.forward(q, k, v, window)
+    assert forward == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(head_dim, causal)])
+    config = configs.BWD_HOPPER[(head_dim, causal)]
+    backward = dispatch.backward(q, k, v, dout, window)
+    assert backward == dispatch.Plan("hopper/bwd.py", config, config.design(False))
+    exact = dispatch.backward(q, k, v, dout, window, deterministic=True)
+    assert exact.design == config.design(True) and exact.design != "one pass"
+    assert str(backward).startswith(f"kernels/hopper/bwd.py ({config.design(False)}) with HopperBwdConfig(")
+
+
+def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
+    q, k, v, dout = tensors(4096, 128)
+    softcap = dispatch.forward(q, k, v, (-1, -1), softcap=30.0)
+    assert softcap == dispatch.Plan("portable/fwd.py", configs.FWD_SM90[(128, False)])
+    assert dispatch.forward(q, k, v, (128, 0)).kernel == "portable/fwd.py"  # sliding window
+    assert dispatch.backward(q, k, v, dout, (128, 0)).kernel == "portable/bwd.py"
+    assert dispatch.backward(q, k, v, dout, (-1, -1), packed=True).kernel == "portable/bwd.py"
+    assert dispatch.backward(q, k, v, dout, (-1, -1), alibi_slopes=torch.ones(8)).kernel == "portable/bwd.py"
+    short = tensors(1024, 128)  # under the D=128 backward's min_seqlen_k
+    assert dispatch.backward(*short, (-1, -1)) == dispatch.Plan("portable/bwd.py", configs.BWD_SM90[(128, False)])
+    q96, k96, v96, dout96 = tensors(4096, 96)
+    assert dispatch.forward(q96, k96, v96, (-1, -1)).kernel == "portable/fwd.py"
+    assert dispatch.backward(q96, k96, v96, dout96, (-1, -1)).kernel == "portable/bwd.py"
+    fp32 = tensors(4096, 128, dtype=torch.float32)
+    assert dispatch.forward(*fp32[:3], (-1, -1)) == dispatch.Plan("portable/fwd.py", configs.FWD_FP32[128])
+
+
+def test_the_forward_takes_the_config_below_under_its_min_seqlen_q(sm90):
+    config = configs.FWD_HOPPER[(128, False)]
+    q, k, v, _ = tensors(config.min_seqlen_q - 1, 128)
+    assert dispatch.forward(q, k, v, (-1, -1)) == dispatch.Plan("hopper/fwd.py", config.below)
+    assert dispatch.forward(q, k, v, (-1, -1), seqlen_q=config.min_seqlen_q).config == config  # packed: longest
+
+
+def test_here_the_plans_are_the_portable_kernels_in_the_interpreter():
+    q, k, v, dout = tensors(64, 64, dtype=torch.float16)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine plans for its GPU")
+    assert dispatch.forward(q, k, v, (-1, 0)) == dispatch.Plan("portable/fwd.py", configs.FWD_INTERPRETER)
+    assert dispatch.backward(q, k, v, dout, (-1, 0)) == dispatch.Plan("portable/bwd.py", configs.BWD_INTERPRETER)
