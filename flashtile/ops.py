@@ -208,7 +208,7 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class _Attention(torch.autograd.Function):
     """The same forward and backward as the ``fwd`` op, for eager calls: autograd without the custom op's dispatch
-    and checks, which cost more host time than a short step's kernels take (docs/perf.md, "The step around the
+    and checks, which cost more host time than a short step's kernels take (docs/perf/backward.md, "The step around the
     kernels")."""
 
     @staticmethod

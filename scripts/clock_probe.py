@@ -1,5 +1,5 @@
 """Run each forward back to back for a few seconds while nvidia-smi samples the SM clock and board power, to
-tell a kernel that takes more cycles from one that runs at a lower clock (docs/perf.md, forward v10):
+tell a kernel that takes more cycles from one that runs at a lower clock (docs/perf/forward.md, v10):
 
     python scripts/clock_probe.py --seqlen 8192 --head-dim 128 --peers flashtile cuDNN
 """

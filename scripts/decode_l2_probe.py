@@ -1,7 +1,7 @@
 """What the L2 holds before a decode step, and what that costs: each kernel timed after a flush that leaves L2
 full of dirty lines (do_bench's: a 256 MB memset) and after one that leaves it full of clean lines (a 256 MB
 read). A kernel that streams the cache with ordinary loads evicts the dirty lines, which are written back while it
-reads (docs/perf.md, "Ruled out in run 32", for what evict-first loads did about it).
+reads (docs/perf/decode.md, "Ruled out in run 32", for what evict-first loads did about it).
 
     PYTHONPATH=. python scripts/decode_l2_probe.py [--stream] [--batches 1 8 32] [--seqlens 4096 32768 131072]
 

@@ -1,6 +1,6 @@
-"""Forward v42 (docs/perf.md): the frozen reference's rounding error against the exact online softmax's, emulated on
-the CPU in float32 with P rounded to bf16 for P·V (128-key tiles, B·H = 4, random bf16 inputs against a float64
-reference). "rsum" also takes l from the rounded P. Prints the worst max-error ratio and the mean-error ratio.
+"""Forward v42 (docs/perf/forward.md): the frozen reference's rounding error against the exact online softmax's,
+emulated on the CPU in float32 with P rounded to bf16 for P·V (128-key tiles, B·H = 4, random bf16 inputs against a
+float64 reference). "rsum" also takes l from the rounded P. Prints the worst max-error ratio and the mean-error ratio.
 
     PYTHONPATH=. python scripts/frozen_max_error.py
 """

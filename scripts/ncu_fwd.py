@@ -1,5 +1,5 @@
 """One forward of flashtile and of a peer (SDPA's cuDNN by default) inside a profiler window, for Nsight
-Compute on the device (docs/perf.md, forward v10):
+Compute on the device (docs/perf/forward.md, v10):
 
     ncu --clock-control none --profile-from-start off --set full --import-source yes -o fwd \
         python scripts/ncu_fwd.py --seqlen 8192 --head-dim 128

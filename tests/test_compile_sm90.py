@@ -44,14 +44,14 @@ def test_forward_compiles_for_sm90():
         assert row["wgmma"] > 0 and row["tma_loads"] > 0, row
         assert (row["tma_reduce"] > 0) == (row["dq"] == "tma"), row
         # The Hopper kernel spills up to 124 bytes (ptxas -v: D=64 causal in three warpgroups 124 since _rebase,
-        # D=128 causal 8 and 36, D=256 causal 24), each measured faster anyway (docs/perf.md, forward v42); none of
+        # D=128 causal 8 and 36, D=256 causal 24), each measured faster anyway (docs/perf/forward.md, v42); none of
         # it in a K/V loop (test_hopper_forward_spills_outside_the_key_loops). More is a regression.
         spill_limit = 124 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
         assert row["local"] <= spill_limit, f"spills to local memory: {row}"
         assert row["shared"] <= SM90_SHARED_LIMIT, row
         if row["kernel"] == "flash_fwd_hopper_kernel":  # warp-specialized, asynchronous wgmma kept asynchronous
             assert row["setmaxnreg"] > 0 and not row["serialized"], row
-            assert not row["mbarrier_reuse"], row  # no scratch in an initialized barrier's bytes (perf.md v33)
+            assert not row["mbarrier_reuse"], row  # no scratch in a live barrier (docs/perf/forward.md v33)
             if row["head_dim"] == 128:  # O by a TMA store per consumer (configs o_tma), not in 4-byte pieces
                 assert row["tma_stores"] == 2 and row["global_stores"]["v4"] == 0, row
                 # P·V takes P from registers; with q_regs Q·Kᵀ takes Q from registers too

@@ -373,7 +373,7 @@ def test_launch_arguments_with_three_consumer_warpgroups():
 
 
 def test_schedule_model_takes_every_tile_once():
-    """tools/fwd_schedule_model.py (the grid model behind docs/perf.md forward v29) replicates the kernel's
+    """tools/fwd_schedule_model.py (the grid model behind docs/perf/forward.md v29) replicates the kernel's
     _item: each of its orders takes every (head, Q tile) exactly once, for lengths 1-1,300 and grids of 1-132."""
     sys.path.insert(0, str(ROOT / "tools"))
     import fwd_schedule_model

@@ -249,7 +249,7 @@ def _compile_gluon(kernel, args, kwargs):
 def mbarrier_reuse(ptx):
     """Offsets of initialized mbarriers that a plain shared-memory access of the kernel may also touch. Triton may
     place a layout conversion's scratch in a barrier's bytes once the barrier is dead, and the PTX ISA leaves reusing
-    an mbarrier's memory before mbarrier.inval undefined (docs/perf.md, forward v33; triton's own pipelined loops
+    an mbarrier's memory before mbarrier.inval undefined (docs/perf/forward.md, v33; triton's own pipelined loops
     invalidate theirs, so barriers with an mbarrier.inval count as released). A plain access at base offset
     c is taken to cover c up to the next base of its run (bases a power of two apart, as a scratch per warpgroup is
     laid out; between two such runs, the closer-spaced one), else 16 bytes (one vector store)."""

@@ -1,4 +1,4 @@
-"""A model of the Hopper forward's persistent grid (docs/perf.md, forward v29 and v38): which programs get which
+"""A model of the Hopper forward's persistent grid (docs/perf/forward.md, v29 and v38): which programs get which
 work items (a replica of kernels/hopper/fwd_schedule.work_item, in Python) and how long the busiest program runs, in
 K/V tiles times the share of the tile's warpgroups that compute; with claims (SCHEDULE 3, lpt_item), each item goes
 to the program that becomes free first. Also checks that every order takes each Q tile exactly once.

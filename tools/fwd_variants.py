@@ -1,5 +1,5 @@
 """Time the forward of flashtile against its peers in one process, for A/B runs of a kernel change (run once
-per variant of the source tree, in one device call; docs/perf.md, forward v14):
+per variant of the source tree, in one device call; docs/perf/forward.md, v14):
 
     PYTHONPATH=. python tools/fwd_variants.py LABEL --head-dim 64 --seqlens 1024 2048 4096 16384 --hopper-everywhere
 
@@ -10,7 +10,7 @@ a causal head dim without one, two consumer warpgroups of 128-row tiles on a per
 (integers; 0/1 for switches) changes those configs' fields, e.g. `--set num_stages=2` (`below.o_tma=1` changes the
 config below min_seqlen_q). Config variants of one source tree take turns with the peers in one process, one column
 each, each round starting one column later (at N=1k the column right after cuDNN's turn measured 3-5 % high;
-docs/perf.md, forward v16 and v26):
+docs/perf/forward.md, v16 and v26):
 
     PYTHONPATH=. python tools/fwd_variants.py LABEL --masks causal --peers cuDNN --variant shipped \
         --variant overlap overlap_pv=1 --variant "non-persistent" persistent=0

@@ -1,5 +1,5 @@
 """One decode step of flashtile and of SDPA's cuDNN inside a profiler window, for Nsight Compute on the
-device (docs/perf.md, flash decoding v10), and a table of what the report says about each kernel:
+device (docs/perf/decode.md, v10), and a table of what the report says about each kernel:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section LaunchStats \
         --section MemoryWorkloadAnalysis --section Occupancy -o dec python tools/ncu_decode.py --batch 32

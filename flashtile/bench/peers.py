@@ -64,7 +64,8 @@ def flex_fwd(causal):
 
 
 def fa4_fwd(causal):
-    """flash-attn-4 (CuTe DSL), where installed (its wheels on the device: see docs/perf.md)."""
+    """flash-attn-4 (CuTe DSL), where installed (its wheels on the device: docs/perf/backward.md, "FA4 on the
+    device")."""
     from flash_attn.cute.interface import flash_attn_func as fa4
 
     def prepare(q, k, v):

@@ -28,7 +28,7 @@ BWD_CANDIDATES = [from_fields(BwdConfig, c) for c in [
     (16, 64, 64, 32, 4, 3, "none"), (16, 64, 128, 64, 8, 3, "none")]]
 
 
-# The Hopper forward's ablation: each row changes one thing from the one before (docs/perf.md).
+# The Hopper forward's ablation: each row changes one thing from the one before (docs/perf/forward.md).
 HOPPER_CANDIDATES = [from_fields(HopperFwdConfig, c) for c in [
     (128, 128, 2, 168, 168, True),  # no register reallocation: consumers keep the entry cap (ptxas spills)
     (128, 64, 2, 240, 168, False),  # 64-key tiles, warpgroups issue their products whenever ready
