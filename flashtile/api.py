@@ -1,11 +1,19 @@
 """Public entry points, drop-in for flash-attn 2.x and for torch's scaled_dot_product_attention."""
+from typing import Optional, Union
+
 import torch
+from torch import Tensor
 
 from . import checks, ops
 
+Window = tuple[int, int]
+Result = Union[Tensor, tuple[Tensor, Tensor, None]]  # out, or (out, softmax_lse, None) with return_attn_probs
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, learnable_sink=None):
+
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                    causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False, learnable_sink: Optional[Tensor] = None) -> Result:
     """Attention on (batch, seqlen, nheads, headdim) tensors, as ``flash_attn.flash_attn_func``.
 
     k and v may have fewer heads than q (GQA/MQA: query head h reads KV head h // (nheads // nheads_k)).
@@ -48,10 +56,12 @@ def _finish(out, lse, sink, heads_dim, return_attn_probs):
     return (out, lse, None) if return_attn_probs else out
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
-                           learnable_sink=None):
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: Union[int, Tensor], max_seqlen_k: Union[int, Tensor], dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False, window_size: Window = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None,
+                           learnable_sink: Optional[Tensor] = None) -> Result:
     """Attention on packed (total_tokens, nheads, headdim) sequences, as flash-attn's varlen function.
 
     Sequence b holds rows cu_seqlens[b]:cu_seqlens[b + 1] (int32); rows from cu_seqlens_q[-1] on belong to no
@@ -96,34 +106,43 @@ def _unpack(name, packed, parts, layout):
     return packed.unbind(dim)
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                              return_attn_probs: bool = False) -> Result:
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), as flash-attn's; dqkv comes back packed."""
     q, k, v = _unpack("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs)
 
 
-def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                             causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                             return_attn_probs: bool = False) -> Result:
     """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim), as flash-attn's."""
     k, v = _unpack("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs)
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
-                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: Union[int, Tensor],
+                                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                                     causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                     return_attn_probs: bool = False) -> Result:
     """flash_attn_varlen_func on qkv (total, 3, nheads, headdim) with one cu_seqlens, as flash-attn's."""
     q, k, v = _unpack("qkv", qkv, 3, "(total, 3, nheads, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
                                   causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                    max_seqlen_q: Union[int, Tensor], max_seqlen_k: Union[int, Tensor],
+                                    dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                                    causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                    return_attn_probs: bool = False) -> Result:
     """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim), as flash-attn's."""
     k, v = _unpack("kv", kv, 2, "(total_k, 2, nheads_k, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -131,8 +150,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   return_attn_probs)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` on (batch, nheads, seqlen, headdim) tensors.
 
     As in PyTorch, ``is_causal`` aligns the mask top-left (query i sees keys 0..i) and key/value may
@@ -154,10 +174,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return out.transpose(1, 2)
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
-                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
-                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
-                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
+                            v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                            rotary_sin: Optional[Tensor] = None, cache_seqlens: Union[None, int, Tensor] = None,
+                            cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
+                            block_table: Optional[Tensor] = None, softmax_scale: Optional[float] = None,
+                            causal: bool = False, window_size: Window = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
+                            num_splits: int = 0,
+                            return_softmax_lse: bool = False) -> Union[Tensor, tuple[Tensor, Tensor]]:
     """Decoding attention over a KV cache, as flash-attn's ``flash_attn_with_kvcache`` (flash decoding).
 
     q (batch, seqlen_q, nheads, headdim): the new queries (seqlen_q > 1 for speculative decoding or chunked
@@ -208,7 +233,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
-def combine(out_partials, lse_partials):
+def combine(out_partials: Tensor, lse_partials: Tensor) -> Tensor:
     """Merge attention computed over disjoint key sets (splits of the KV cache, ring or context-parallel
     shards) exactly, by log-sum-exp. out_partials (splits, batch, seqlen, nheads, headdim) and float32
     lse_partials (splits, batch, nheads, seqlen), as our forward returns them. A partial whose LSE is

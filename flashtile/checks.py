@@ -2,6 +2,7 @@
 import math
 import numbers
 import os
+from typing import Optional, Union
 
 import torch
 
@@ -10,7 +11,7 @@ _value_checks = {"1": True, "0": False}.get(os.environ.get("FLASHTILE_VALUE_CHEC
 _interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, as triton did when our kernels loaded
 
 
-def set_value_checks(enabled):
+def set_value_checks(enabled: Optional[bool]) -> None:
     """The checks of index values (cu_seqlens, cache_seqlens, cache_leftpad, block_table, cache_batch_idx): a
     ValueError naming the argument when one lies outside what it indexes. None (the default; FLASHTILE_VALUE_CHECKS
     unset): they run where the values already live on the host (ints, CPU tensors) and cost nothing; values on the
@@ -25,7 +26,7 @@ def set_value_checks(enabled):
 MAX_HEAD_DIM = 256  # flash-attn's limit; a head dim that is not a multiple of 8 is padded with zeros (ops)
 
 
-def interpreter_enabled():
+def interpreter_enabled() -> bool:
     return _interpreter
 
 
@@ -34,7 +35,7 @@ def _tensor(name, t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def host_int(name, value):
+def host_int(name: str, value: Union[int, torch.Tensor]) -> int:
     """An int argument that flash-attn also takes as a 0-d integer tensor (``cu_seqlens.diff().max()``, an entry of
     ``window_size``); a tensor on the GPU is read back to the host, one sync, as flash-attn does."""
     if isinstance(value, torch.Tensor):
@@ -48,7 +49,7 @@ def host_int(name, value):
     return int(value)
 
 
-def softcap(value):
+def softcap(value: float) -> float:
     """flash-attn's softcap: a number >= 0 (0: off). Returns it as a float."""
     if type(value) in (float, int) and value == 0.0:
         return 0.0
@@ -57,7 +58,7 @@ def softcap(value):
     return float(value)
 
 
-def alibi_slopes(slopes, batch, nheads, device):
+def alibi_slopes(slopes: Optional[torch.Tensor], batch: int, nheads: int, device: torch.device) -> None:
     """ALiBi slopes: None, or float32 (nheads,) or (batch, nheads) on q's device."""
     if slopes is None:
         return
@@ -76,7 +77,7 @@ _INSTEAD = {"attn_mask": "is_causal=True gives a causal mask, and flash_attn_var
             "dropout_p": "dropout_p=0.0"}
 
 
-def not_implemented(**options):
+def not_implemented(**options: object) -> None:
     """Options flashtile does not implement yet must keep their neutral value."""
     neutral = {"dropout_p": 0.0, "attn_mask": None}
     for name, value in options.items():
@@ -98,7 +99,8 @@ def _signature(*values):
 _QKV_PASSED = set()  # signatures of q, k, v that passed qkv (the checks read nothing else)
 
 
-def qkv(q, k, v, packed, names=("q", "k", "v")):
+def qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool,
+        names: tuple[str, str, str] = ("q", "k", "v")) -> None:
     """q, k, v as (batch, seqlen, nheads, headdim), or (total, nheads, headdim) when ``packed``. Each signature
     is checked once (a model calls with the same shapes every step)."""
     key = (_signature(q, k, v), packed, names, interpreter_enabled())
@@ -155,7 +157,7 @@ def _qkv(q, k, v, packed, names):
         raise ValueError(f"{q_name} has {nheads} heads, not a multiple of {k_name}'s {nheads_k} (GQA/MQA needs one)")
 
 
-def softmax_scale(scale, head_dim):
+def softmax_scale(scale: Optional[float], head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -165,7 +167,7 @@ def softmax_scale(scale, head_dim):
     return float(scale)
 
 
-def window(window_size, causal):
+def window(window_size: tuple[int, int], causal: bool) -> tuple[int, int]:
     """flash-attn's (left, right) window, -1 for unbounded; causal caps right at 0."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -198,7 +200,8 @@ def _host_checks_allowed(*values):
     return _value_checks is True and not torch.cuda.is_current_stream_capturing()
 
 
-def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
+def cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen: Union[int, torch.Tensor], max_name: str,
+               device: torch.device) -> int:
     """int32 offsets [batch + 1]: start at 0, never decrease, end within the packed tensor. Returns max_seqlen as
     an int (flash-attn also takes it as a 0-d tensor)."""
     _tensor(name, cu)
@@ -226,7 +229,7 @@ def cu_seqlens(name, cu, total, max_seqlen, max_name, device):
     return max_seqlen
 
 
-def int32_vector(name, t, length, device):
+def int32_vector(name: str, t: torch.Tensor, length: int, device: torch.device) -> None:
     _tensor(name, t)
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {t.dtype}")
@@ -295,7 +298,7 @@ def rotary(cos, sin, interleaved, q, k, per_token):
     return cos.shape[0], max(q.shape[1] if per_token else 1, k.shape[1])
 
 
-def page_table(table, batch, device):
+def page_table(table: torch.Tensor, batch: int, device: torch.device) -> None:
     """A page table: int32 (batch, max_pages) on ``device``."""
     _tensor("block_table", table)
     if table.dtype != torch.int32:
@@ -393,7 +396,7 @@ def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, 
     return lengths
 
 
-def partials(out_partials, lse_partials):
+def partials(out_partials: torch.Tensor, lse_partials: torch.Tensor) -> None:
     """combine's inputs: (splits, batch, seqlen, nheads, headdim) and float32 (splits, batch, nheads, seqlen)."""
     _tensor("out_partials", out_partials)
     _tensor("lse_partials", lse_partials)

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 import triton
+from torch import Tensor
 
 from . import configs, dispatch
 from .checks import interpreter_enabled
@@ -54,9 +55,11 @@ def _new_lse(q, packed):
     return torch.empty(shape, device=q.device, dtype=torch.float32)
 
 
-def attention_forward(q, k, v, softmax_scale, window_size, bottom_right, out=None, cu_seqlens_q=None,
-                      cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None, softcap=0.0,
-                      alibi_slopes=None):
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_size: tuple[int, int],
+                      bottom_right: bool, out: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                      cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                      max_seqlen_k: Optional[int] = None, config: object = None, softcap: float = 0.0,
+                      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Forward attention into ``out`` (any strided tensor shaped like q, or a new one). Returns (out, lse),
     lse float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
     config (the tile sweep uses it). ``softcap``, ``alibi_slopes``: flash-attn's (the portable kernel)."""
@@ -100,9 +103,12 @@ def _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         out.copy_(o)
 
 
-def attention_backward(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic,
-                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config=None,
-                       softcap=0.0, alibi_slopes=None, dlse=None):
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+                       window_size: tuple[int, int], bottom_right: bool, deterministic: bool,
+                       cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                       max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, config: object = None,
+                       softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                       dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv), shaped like q, k, v. ``deterministic`` computes dQ in its own pass, with
     no atomics, so that every gradient is bitwise reproducible. ``dlse`` (shaped like lse, or None) is the
     gradient reaching the LSE: since d lse_i / d s_ij = P_ij, it enters as delta − dlse wherever delta does."""
@@ -222,7 +228,7 @@ class _Attention(torch.autograd.Function):
         return _saved_grads(ctx, dout, dlse, _bwd_impl)
 
 
-def with_sinks(out, lse, sinks, heads_dim):
+def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor, heads_dim: int) -> tuple[Tensor, Tensor]:
     """(out, lse) of attention with one learned sink logit per head (gpt-oss's ``s_aux``, FA4's ``learnable_sink``)
     from attention without: the sink joins each row's softmax denominator only, so out becomes
     out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink) and lse logaddexp(lse, sink).
@@ -258,9 +264,11 @@ def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k):
     return k_pages[page, slot], v_pages[page, slot]
 
 
-def flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic=False, heads_first_out=False,
-                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, softcap=0.0,
-                    alibi_slopes=None):
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_size: tuple[int, int],
+                    bottom_right: bool, deterministic: bool = False, heads_first_out: bool = False,
+                    cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                    max_seqlen_q: int = 0, max_seqlen_k: int = 0, softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """The differentiable attention every entry point calls: (out, lse). torch.compile traces the ``fwd`` op; eager
     calls run the same kernels without its dispatch (_Attention where something needs a gradient). A head dim
     that is not a multiple of 8 is padded (pad_head_dim) and O's extra columns sliced off."""
@@ -286,16 +294,20 @@ def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
     return launch_rotary(x, cos, sin, cache_seqlens, per_token, interleaved)
 
 
-def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table, cos=None, sin=None,
-                    interleaved=True):
+def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: Tensor,
+                    batch_idx: Optional[Tensor], block_table: Optional[Tensor], cos: Optional[Tensor] = None,
+                    sin: Optional[Tensor] = None, interleaved: bool = True) -> None:
     """Write the new tokens k, v (batch, seqlen_new, nheads_k, headdim) at cache_seqlens[b] onwards, in place, in
     one launch (kernels/portable/new_tokens.py); k turned by the rotary table cos, sin first when given."""
     k, v, cos, sin = (_unit_last_stride(t) for t in (k, v, cos, sin))
     launch_append(k, v, k_cache, v_cache, cache_seqlens, block_table, batch_idx, cos, sin, interleaved)
 
 
-def kvcache_forward(q, k_cache, v_cache, cache_seqlens, batch_idx, block_table, capacity, softmax_scale, window_size,
-                    num_splits, config=None, leftpad=None, softcap=0.0, alibi_slopes=None, want_lse=True, seqlen_new=0):
+def kvcache_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, batch_idx: Optional[Tensor],
+                    block_table: Optional[Tensor], capacity: int, softmax_scale: float, window_size: tuple[int, int],
+                    num_splits: int, config: object = None, leftpad: Optional[Tensor] = None, softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, want_lse: bool = True,
+                    seqlen_new: int = 0) -> tuple[Tensor, Optional[Tensor]]:
     """Split-KV attention of q (batch, seqlen_q, nheads, headdim) over the first cache_seqlens[b] + seqlen_new
     keys of each sequence's cache (from leftpad[b] on, if given; scores capped by softcap > 0, ALiBi biases with
     alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
