@@ -50,6 +50,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET,
                               options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     ptx = compiled.asm["ptx"]
+    if PTX_SINK is not None:
+        PTX_SINK.append((kernel.__name__, ptx))
     return dict(kernel=kernel.__name__, head_dim=consts["HEAD_DIM"], config=list(cfg.__dict__.values()),
                 varlen=varlen, causal=consts["MASK_RIGHT"], dq=consts.get("DQ_ATOMIC"),
                 shared=compiled.metadata.shared,

@@ -1,5 +1,6 @@
-"""The sm90 Gluon kernels' PTX for every shipped launch variant, without debug info, to check that a refactor leaves
-the code the GPU runs unchanged (no GPU needed: triton compiles for sm90 here):
+"""The sm90 Gluon kernels' PTX for every shipped launch variant (with --portable the portable kernels' too), without
+debug info, to check that a refactor leaves the code the GPU runs unchanged (no GPU needed: triton compiles for sm90
+here):
 
     TRITON_INTERPRET=0 python tools/ptx_snapshot.py before.json      # on the old tree
     TRITON_INTERPRET=0 python tools/ptx_snapshot.py after.json --compare before.json
@@ -74,8 +75,24 @@ def backward_and_decode():
     return out
 
 
-def snapshot():
+def portable():
+    """{name: PTX} of the portable kernels: every shipped sm90 forward and backward tile config (compile_sm90's
+    shipped jobs) and every split-KV decode launch the sm90 dispatch can pick."""
+    jobs = [(fn, args) for fn, args in compile_sm90.shipped_jobs() if fn in (compile_sm90.compile_fwd,
+                                                                              compile_sm90.compile_bwd)]
+    jobs += [(compile_sm90.compile_decode, args) for args in compile_sm90.decode_launches()]
+    out = {}
+    for fn, args in jobs:
+        key = f"portable {fn.__name__} {args}"
+        out[key] = _ptx(fn, *args)
+        print(key, len(out[key]), flush=True)
+    return out
+
+
+def snapshot(with_portable=False):
     out = backward_and_decode()
+    if with_portable:
+        out.update(portable())
     for (head_dim, causal), top in configs.FWD_HOPPER.items():
         for i, cfg in enumerate(configs.hopper_fwd_chain(top)):
             lengths = {max(cfg.min_seqlen_q, 1024) + 512}
@@ -104,8 +121,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--compare", help="a snapshot to compare with: exit 1 where any variant differs")
+    parser.add_argument("--portable", action="store_true", help="the portable Triton kernels' shipped variants too")
     args = parser.parse_args()
-    out = snapshot()
+    out = snapshot(args.portable)
     with open(args.out, "w") as f:
         json.dump(out, f)
     if args.compare:
