@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep] [ncu-fwd] [ncu-decode] [clock-probe]
+#        [bench-quick] [hopper-bwd] [bwd-split] [dq-sweep] [ncu-fwd] [ncu-decode] [clock-probe] [tier] [bwd-designs]
+# tier: the whole GPU tier in one call (~6 min: each file in parallel workers, the forward's largest tests in three);
+# bwd-designs: the sm90 backward's design choices against the shipped ones (scripts/bwd_design_ab.py).
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -16,6 +18,22 @@ for step in "$@"; do
                    -k "not portable and ($part)" 2>&1 | grep -v "warner\|BenchmarkWarning" | tail -80 \
                    | tee -a "$out/fwd-tests.log"
                done ;;
+    tier) for f in test_gpu_bwd_hopper test_gpu_bwd test_gpu_decode; do
+            timeout 150 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/$f.py 2>&1 \
+              | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
+          done
+          timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/test_gpu_fwd.py \
+            -k "not (q_in_registers or o_through_the_last_k_tile or claims)" 2>&1 \
+            | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
+          timeout 150 python3 -m pytest -m gpu -q -n 3 -p no:cacheprovider --tb=short -rf tests/test_gpu_fwd.py \
+            -k "q_in_registers or o_through_the_last_k_tile or claims" 2>&1 \
+            | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
+          timeout 150 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf \
+            --ignore-glob "tests/test_gpu_*" tests 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log" ;;
+    bwd-designs) timeout 200 python3 scripts/bwd_design_ab.py single_pass=1 --masks causal 2>&1 \
+                   | tee "$out/bwd-design-causal.md"
+                 timeout 150 python3 scripts/bwd_design_ab.py portable --masks full --seqlens 1024 2048 2>&1 \
+                   | tee "$out/bwd-design-portable.md" ;;
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
     tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \
                 | tee "$out/tune-bwd.log" ;;
