@@ -137,6 +137,16 @@ def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=
     return dispatch.forward(q, k, k, window), dispatch.backward(q, k, k, q, window, deterministic=deterministic)
 
 
+def decode_plan(batch, cache_len, nheads, nheads_k, head_dim):
+    """flash_attn_with_kvcache's plan for one new token a sequence over a (batch, cache_len, nheads_k, head_dim)
+    cache, flash-attn's layout, on this machine's device (as call_plans)."""
+    from . import dispatch
+    device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float16)
+    q = torch.empty(batch, 1, nheads, head_dim, device=device, dtype=dtype)
+    cache = torch.empty(batch, cache_len, nheads_k, head_dim, device=device, dtype=dtype)
+    return dispatch.decode(q, cache, cache, cache_len)
+
+
 def info(args):
     import triton
     print(f"torch {torch.__version__}, triton {triton.__version__}")
@@ -149,6 +159,8 @@ def info(args):
           f"{args.head_dim}{', causal' if args.causal else ''}) here runs, in flashtile/:")
     print(f"  forward: {forward}")
     print(f"  backward: {backward}")
+    print(f"  decode, one new token over {args.cache_len} cached keys (flash_attn_with_kvcache): "
+          f"{decode_plan(args.batch, args.cache_len, args.heads, kv_heads, args.head_dim)}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
         from . import configs
@@ -182,6 +194,7 @@ def main(argv=None):
     p_info.add_argument("--head-dim", type=_positive_int, default=128)
     p_info.add_argument("--causal", action="store_true")
     p_info.add_argument("--deterministic", action="store_true")
+    p_info.add_argument("--cache-len", type=_positive_int, default=4096, help="keys in the cache, for the decode plan")
     p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")
     p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "fa2_bwd", "decode"], default="fa2")
     p_viz.add_argument("--seqlen", type=_positive_int, default=8)

@@ -1,6 +1,6 @@
 """Which kernel and which config serve a call: the rules over the tables of flashtile/configs.py, in one place.
-ops.py asks here (``forward`` and ``backward`` return a Plan, which ``flashtile info`` prints). Each rule reads the
-tables when it is called, so tests and sweeps may swap a table in configs."""
+ops.py asks here (``forward``, ``backward`` and ``decode`` return a Plan, which ``flashtile info`` prints). Each rule
+reads the tables when it is called, so tests and sweeps may swap a table in configs."""
 import functools
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -9,19 +9,23 @@ import torch
 
 from . import configs
 from .checks import interpreter_enabled
-from .kernels.common.tiles import head_dim_pad
+from .kernels.common.tiles import head_dim_pad, num_sms
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What serves a call: the kernel file under flashtile/kernels/ whose launcher runs it, its config, and for the
-    sm90 backward the design (configs.HopperBwdConfig.design: the launches in order)."""
+    """What serves a call: the kernel file under flashtile/kernels/ whose launcher runs it, its config, for the
+    sm90 backward the design (configs.HopperBwdConfig.design: the launches in order), for decoding the splits of
+    the cache and the keys each split takes."""
     kernel: str
     config: object
     design: str = ""
+    splits: int = 1
+    chunk: int = 0
 
     def __str__(self):
-        return f"kernels/{self.kernel}" + (f" ({self.design})" if self.design else "") + f" with {self.config}"
+        split = f", {self.splits} split{'s' if self.splits > 1 else ''} of {self.chunk} keys" if self.chunk else ""
+        return f"kernels/{self.kernel}" + (f" ({self.design})" if self.design else "") + f" with {self.config}" + split
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,6 +111,63 @@ def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
     """The portable backward's tiles, chosen as fwd_config's."""
     tables = (configs.BWD_INTERPRETER, configs.BWD_FP32, configs.BWD_SM90, configs.BWD_GENERIC)
     return _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter)
+
+
+def decode(q, k_cache, v_cache, capacity, num_splits=0, batch_idx=None, block_table=None, leftpad=None, softcap=0.0,
+           alibi_slopes=None, window_size=(-1, -1), config=None):
+    """flash_attn_with_kvcache's plan: the sm90 decode kernel (one split) where hopper_decode_config gives a config
+    (``num_splits`` 0 or 1), else the portable split-KV kernel with its tiles (``config``, or by the cache's layout:
+    paged, several KV heads a program, or the plain tables) and its splits (``num_splits``, or by decode_splits),
+    each a whole number of tiles. ``capacity``: the keys a sequence may hold."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    programs, sms = batch * k_cache.shape[2], num_sms(q.device)
+    adjacent = heads_adjacent(k_cache, v_cache)
+    if config is None and num_splits <= 1:
+        hopper = hopper_decode_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
+                                      window_size, adjacent, programs, capacity, sms)
+        if hopper is not None:
+            return Plan("hopper/decode.py", hopper, splits=1, chunk=capacity)
+    from .kernels.portable.decode import reads_by_tma
+    interpreter = interpreter_enabled()
+    if config is None and not interpreter:
+        nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
+        rows = nheads // nheads_k * seqlen_q
+        if block_table is not None:
+            tma = reads_by_tma(k_cache, v_cache)
+            config = decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma, tma and adjacent, programs,
+                                         capacity, sms)
+        elif adjacent:  # cheapest test first: this runs on every decode step
+            heads = decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
+            config = heads if heads and reads_by_tma(k_cache, v_cache) else None
+    programs //= config.heads if config else 1
+    if num_splits <= 0:
+        num_splits = decode_splits(programs, capacity, sms)
+    per_split = -(-capacity // max(num_splits, 1))
+    if config is None:
+        config = decode_config(head_dim_pad(head_dim), interpreter, decode_waves(programs, sms), per_split)
+    chunk = -(-per_split // config.block_n) * config.block_n
+    return Plan("portable/decode.py", config, splits=-(-capacity // chunk), chunk=chunk)
+
+
+def heads_adjacent(k_cache, v_cache):
+    """Whether each key holds its KV heads side by side (flash-attn's contiguous layout, a page pool's)."""
+    return all(t.stride(3) == 1 and t.stride(2) == t.shape[3] for t in (k_cache, v_cache))
+
+
+def hopper_decode_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes, window_size,
+                         adjacent, programs, capacity, sms):
+    """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
+    head-major cache (a key-major one, ``adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no option
+    that masks or biases scores (a causal mask over one new token masks nothing), else None."""
+    if (adjacent or arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
+            or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None
+            or window_size[0] >= 0 or (window_size[1] >= 0 and q.shape[1] > 1)):
+        return None
+    config = decode_hopper_config(q.shape[-1], programs, capacity, sms)
+    if config is None:
+        return None
+    from .kernels.hopper import decode as decode_hopper
+    return config if decode_hopper.supports(q, k_cache, v_cache) else None
 
 
 def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):

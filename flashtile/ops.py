@@ -12,11 +12,10 @@ import triton
 from torch import Tensor
 
 from . import configs, dispatch
-from .checks import interpreter_enabled
 from .kernels.common.replay import stream_handle
-from .kernels.common.tiles import cdiv, head_dim_pad, num_sms, tma_addressable
+from .kernels.common.tiles import tma_addressable
 from .kernels.portable.bwd import launch_bwd, launch_preprocess
-from .kernels.portable.decode import arrival_slots, launch_combine, launch_decode, partial_elements, reads_by_tma
+from .kernels.portable.decode import arrival_slots, launch_combine, launch_decode, partial_elements
 from .kernels.portable.fwd import launch_fwd
 from .kernels.portable.new_tokens import launch_append, launch_rotary
 from .kernels.portable.packed import launch_safe_offsets, launch_zero_unused_rows
@@ -312,66 +311,22 @@ def kvcache_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: 
     keys of each sequence's cache (from leftpad[b] on, if given; scores capped by softcap > 0, ALiBi biases with
     alibi_slopes), in one launch. Returns (out, lse [batch, nheads, seqlen_q], or None without want_lse)."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    programs, sms = batch * k_cache.shape[2], num_sms(q.device)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if want_lse else None
-    adjacent = _heads_adjacent(k_cache, v_cache)
-    if config is None and num_splits <= 1:
-        hopper = _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
-                                       window_size, adjacent, programs, capacity, sms)
-        if hopper is not None:
-            from .kernels.hopper.decode import launch_decode_hopper
-            launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, hopper, seqlen_new)
-            return out, lse
-    if config is None and not interpreter_enabled():
-        nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
-        rows = nheads // nheads_k * seqlen_q
-        if block_table is not None:
-            tma = reads_by_tma(k_cache, v_cache)
-            config = dispatch.decode_paged_config(pad, k_cache.shape[1], nheads_k, rows, tma, tma and adjacent,
-                                                 programs, capacity, sms)
-        elif adjacent:  # cheapest test first: this runs on every decode step
-            heads = dispatch.decode_heads_config(pad, nheads_k, rows, programs, capacity, sms)
-            config = heads if heads and reads_by_tma(k_cache, v_cache) else None
-    programs //= config.heads if config else 1
-    if num_splits <= 0:
-        num_splits = dispatch.decode_splits(programs, capacity, sms)
-    per_split = cdiv(capacity, max(num_splits, 1))
-    if config is None:
-        waves = dispatch.decode_waves(programs, sms)
-        config = dispatch.decode_config(head_dim_pad(head_dim), interpreter_enabled(), waves, per_split)
-    chunk = cdiv(per_split, config.block_n) * config.block_n
-    num_splits = cdiv(capacity, chunk)
+    plan = dispatch.decode(q, k_cache, v_cache, capacity, num_splits, batch_idx, block_table, leftpad, softcap,
+                           alibi_slopes, window_size, config)
+    if plan.kernel == "hopper/decode.py":
+        from .kernels.hopper.decode import launch_decode_hopper
+        launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, plan.config, seqlen_new)
+        return out, lse
     scratch = None
-    if num_splits > 1:
-        scratch = _scratch(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q, config),
-                           partial_elements(num_splits, batch, seqlen_q, nheads, head_dim))
-    launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, num_splits, chunk,
-                  softmax_scale, window_size, config, scratch, leftpad, softcap, _unit_last_stride(alibi_slopes),
+    if plan.splits > 1:
+        scratch = _scratch(q.device, arrival_slots(batch, k_cache.shape[2], nheads, seqlen_q, plan.config),
+                           partial_elements(plan.splits, batch, seqlen_q, nheads, head_dim))
+    launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, batch_idx, out, lse, plan.splits, plan.chunk,
+                  softmax_scale, window_size, plan.config, scratch, leftpad, softcap, _unit_last_stride(alibi_slopes),
                   seqlen_new)
     return out, lse
-
-
-def _decode_hopper_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes, window_size,
-                          heads_adjacent, programs, capacity, sms):
-    """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
-    head-major cache (a key-major one, ``heads_adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no
-    option
-    that masks or biases scores (a causal mask over one new token masks nothing), else None."""
-    if (heads_adjacent or dispatch.arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
-            or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None
-            or window_size[0] >= 0 or (window_size[1] >= 0 and q.shape[1] > 1)):
-        return None
-    config = dispatch.decode_hopper_config(q.shape[-1], programs, capacity, sms)
-    if config is None:
-        return None
-    from .kernels.hopper import decode as decode_hopper
-    return config if decode_hopper.supports(q, k_cache, v_cache) else None
-
-
-def _heads_adjacent(k_cache, v_cache):
-    """Whether each key holds its KV heads side by side (flash-attn's contiguous layout, a page pool's)."""
-    return all(t.stride(3) == 1 and t.stride(2) == t.shape[3] for t in (k_cache, v_cache))
 
 
 _SCRATCH = {}

@@ -82,6 +82,7 @@ def test_info_prints_the_plans_of_a_call(capsys):
     forward, backward = cli.call_plans(1, 512, 8, 2, 64, True)
     assert "heads 8/2, head dim 64, causal" in out
     assert f"  forward: {forward}\n" in out and f"  backward: {backward}\n" in out
+    assert f"{cli.decode_plan(1, 4096, 8, 2, 64)}\n" in out and "kernels/" in str(cli.decode_plan(1, 4096, 8, 2, 64))
     assert str(forward).startswith("kernels/") and " with " in str(backward)
     with pytest.raises(SystemExit):
         cli.main(["info", "--heads", "8", "--kv-heads", "3"])

@@ -432,7 +432,6 @@ def test_paged_dispatch():
 def test_several_heads_dispatch():
     """Which decode steps read several KV heads a program (D=128, 132 SMs): long caches whose programs still fill
     the SMs, flash-attn's layout only."""
-    from flashtile import ops
     rule = dispatch.decode_heads_config
     assert rule(128, 8, 4, 32 * 8, 32768, 132).heads == 4  # B=32, L=32k: 64 programs x 2 splits of 16k keys
     assert rule(128, 8, 4, 8 * 8, 131072, 132).heads == 4  # B=8, L=128k: 16 x 8 of 16k
@@ -446,9 +445,9 @@ def test_several_heads_dispatch():
     assert rule(128, 2, 4, 32 * 2, 131072, 132) is None  # 2 KV heads
     assert rule(64, 8, 4, 32 * 8, 32768, 132) is None  # not measured at D=64
     key_major = randn(2, 64, 8, 64, dtype=torch.float16)
-    assert ops._heads_adjacent(key_major, key_major)
+    assert dispatch.heads_adjacent(key_major, key_major)
     head_major = key_major.transpose(1, 2).contiguous().transpose(1, 2)
-    assert not ops._heads_adjacent(key_major, head_major)
+    assert not dispatch.heads_adjacent(key_major, head_major)
 
 
 def test_waves_dispatch():
@@ -466,10 +465,10 @@ def test_waves_dispatch():
 
 def test_warp_specialized_dispatch(monkeypatch):
     """dispatch.decode_hopper_config: the Gluon kernel (D=128) from 4096 keys, where the (batch, KV head) programs fill
-    their waves of two an SM to nine tenths (132 SMs, 8 KV heads). ops._decode_hopper_config, as if on sm90: only one
-    split over a contiguous head-major cache with no option that masks or biases scores, at most 16 query rows a KV
-    head."""
-    from flashtile import configs, ops
+    their waves of two an SM to nine tenths (132 SMs, 8 KV heads). dispatch.hopper_decode_config, as if on sm90: only
+    one split over a contiguous head-major cache with no option that masks or biases scores, at most 16 query rows a
+    KV head."""
+    from flashtile import configs
     one_an_sm = configs.DecodeHopperConfig(block_n=64, num_stages=3, consumer_regs=200, maxnreg=168)
     assert configs.DECODE_HOPPER[128].per_sm(128) == 2 and one_an_sm.per_sm(128) == 1
     batches = [b for b in (8, 16, 17, 24, 32, 33, 40, 48, 50, 64, 66, 80)
@@ -484,7 +483,7 @@ def test_warp_specialized_dispatch(monkeypatch):
     monkeypatch.setattr(configs, "DECODE_BACKEND", "auto")
 
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
-    monkeypatch.setattr(ops, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
 
     def head_major(batch=32, seqlen=4096, head_dim=128, dtype=torch.bfloat16):
         return torch.empty(batch, 8, seqlen, head_dim, dtype=dtype).transpose(1, 2)
@@ -492,9 +491,9 @@ def test_warp_specialized_dispatch(monkeypatch):
     plain = dict(batch_idx=None, block_table=None, leftpad=None, softcap=0.0, alibi_slopes=None, window_size=(-1, -1))
 
     def config(q=q, cache=cache, programs=256, **options):
-        return ops._decode_hopper_config(q, cache, cache, **{**plain, **options},
-                                         heads_adjacent=ops._heads_adjacent(cache, cache), programs=programs,
-                                         capacity=cache.shape[1], sms=132)
+        return dispatch.hopper_decode_config(q, cache, cache, **{**plain, **options},
+                                             adjacent=dispatch.heads_adjacent(cache, cache), programs=programs,
+                                             capacity=cache.shape[1], sms=132)
     assert config() == configs.DECODE_HOPPER[128]
     assert config(window_size=(-1, 0)) == configs.DECODE_HOPPER[128]  # causal over one new token masks nothing
     assert config(cache=torch.empty(32, 4096, 8, 128, dtype=torch.bfloat16)) is None  # key-major: the portable kernel
@@ -753,3 +752,19 @@ def test_index_values_never_leave_their_tensors(layout):
     assert all(_guards_intact(b) for b in (k_buffer, v_buffer, cos_buffer))
     with value_checks(), pytest.raises(ValueError):  # the debug mode refuses the same call
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+
+
+def test_decode_plans_split_the_cache_into_whole_tiles():
+    """dispatch.decode: the portable kernel here (the interpreter's tiles), with ``num_splits`` splits or as many as
+    decode_splits gives, each a whole number of tiles and together covering the cache; the sm90 kernel only where
+    hopper_decode_config gives a config (never here)."""
+    from flashtile import configs
+    q, cache = randn(2, 1, 8, 64, dtype=torch.float16), randn(2, 1000, 2, 64, dtype=torch.float16)
+    for num_splits in (0, 1, 3, 7):
+        plan = dispatch.decode(q, cache, cache, 1000, num_splits)
+        assert plan.kernel == "portable/decode.py" and plan.config == configs.DECODE_INTERPRETER
+        assert plan.chunk % plan.config.block_n == 0
+        assert (plan.splits - 1) * plan.chunk < 1000 <= plan.splits * plan.chunk  # whole, none empty
+        if num_splits:
+            assert plan.splits <= num_splits
+    assert "split" in str(dispatch.decode(q, cache, cache, 1000, 3))

@@ -126,7 +126,6 @@ def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
     one), right in O and LSE at ragged lengths (0, 1,
     around the 64-key tiles, full) with NaN in every cache slot past a sequence, with or without a new token appended
     first; the output filled with NaN beforehand shows any row it leaves unwritten."""
-    from flashtile import ops
     from flashtile.kernels.common.tiles import num_sms
     nheads, nheads_k = heads
     batch, capacity = (32, 16384) if nheads_k == 8 else (128, 4096)  # the configs from 16k keys and under
@@ -148,7 +147,7 @@ def test_decode_warp_specialized(heads, layout, dtype, append, monkeypatch):
     with poisoned_outputs():
         out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True, **kwargs)
     hopper = dispatch.decode_hopper_config(128, batch * nheads_k, capacity, num_sms(q.device))
-    if _arch_sm90() and hopper and not ops._heads_adjacent(k_cache, v_cache):
+    if _arch_sm90() and hopper and not dispatch.heads_adjacent(k_cache, v_cache):
         assert seen["hopper"] == [hopper] and not seen["portable"], seen
     else:  # flash-attn's key-major cache: the portable kernel
         assert seen["portable"] and not seen["hopper"], seen
