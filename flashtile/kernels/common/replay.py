@@ -40,10 +40,11 @@ def detach_descriptor(desc, tensor=None):
 
 
 def launch_key(tensors, *scalars):
-    """A replay key: each tensor's shape, strides, dtype and 16-byte alignment (None for absent ones), the first
-    tensor's device, and ``scalars`` (whatever else fixes the launch's arguments)."""
-    return (tensors[0].device, *(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0)
-                                 for t in tensors), *scalars)
+    """A replay key: each tensor's shape, strides, dtype and address modulo 16 (Triton specializes pointers on
+    16-byte alignment; None for absent tensors), the first tensor's device, and ``scalars`` (whatever else fixes
+    the launch's arguments). A list comprehension: it runs on every eager call."""
+    return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors]) + (
+        tensors[0].device, ) + scalars
 
 
 def aligned(*tensors):

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..common.online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
-from ..common.replay import Replay, Replays, aligned
+from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import (
     band_mask,
     band_tiles,
@@ -331,9 +331,7 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=
     delta = torch.empty_like(lse)
     zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
     tensors = (out, dout, delta, dlse, zeros, cu_seqlens_q)
-    key = (out.shape, out.stride(), dout.stride(), lse.shape, lse.stride(), delta.stride(),
-           None if dlse is None else dlse.stride(), zeroed, None if cu_seqlens_q is None else cu_seqlens_q.shape,
-           seqlen_q, out.dtype, out.device, aligned(*tensors))
+    key = launch_key(tensors + (lse, ), "delta", seqlen_q)
 
     def first():
         nheads, head_dim = out.shape[-2], out.shape[-1]
@@ -358,7 +356,7 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=
 def launch_dq_cast(dq_acc, dq, scale):
     """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, two halves, 64 · headdim / 2
     in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape)."""
-    key = (dq_acc.shape, dq_acc.stride(), dq.shape, dq.stride(), dq.dtype, dq.device, scale, aligned(dq_acc, dq))
+    key = launch_key((dq_acc, dq), "cast", scale)
 
     def first():
         batch, seqlen, nheads, head_dim = dq.shape
@@ -384,11 +382,8 @@ def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, 
     dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     tensors = (q, k, v, dout, dk, dv, q, k, v, dout, out if write_delta else None, dq, lse, delta,
                dq if dq_acc is None else dq_acc, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), dout.stride(), out.stride(), dk.stride(), dv.stride(),
-           dq.stride(), lse.shape, lse.stride(), delta.stride(), q.dtype, q.device,
-           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, softmax_scale,
-           window_size, bottom_right, dq_atomic, config, dkdv, write_delta, softcap,
-           None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()), aligned(*tensors))
+    key = launch_key(tensors + (out,), "bwd", max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right,
+                     dq_atomic, config, dkdv, write_delta, softcap)
     _REPLAYS.launch(key, q.device, tensors, functools.partial(
         _first_bwd_launch, tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right, dq_atomic,
         config, dkdv, write_delta, softcap))

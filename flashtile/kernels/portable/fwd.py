@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..common.online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
-from ..common.replay import Replay, Replays, aligned, detach_descriptor
+from ..common.replay import Replay, Replays, detach_descriptor, launch_key
 from ..common.tiles import (
     band_mask,
     band_tiles,
@@ -112,10 +112,8 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
     ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi. The
     first call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py)."""
     is_varlen = cu_seqlens_q is not None
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
-           None if cu_seqlens_q is None else cu_seqlens_q.shape, max_seqlen_q, softmax_scale, window_size,
-           bottom_right, config, softcap, None if alibi_slopes is None else alibi_slopes.shape,
-           aligned(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
+    key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes), max_seqlen_q, softmax_scale,
+                     window_size, bottom_right, config, softcap)
     replay = _REPLAYS.get(key)
     if replay is not None:
         tensors = (q, k, v, out) if is_varlen else (detach_descriptor(d, t) for d, t in zip(replay.descriptors,

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.replay import Replay, Replays, aligned
+from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, next_pow2
 
 BLOCK_R, BLOCK_C = 16, 256
@@ -68,7 +68,7 @@ def launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
     [0, total] and no smaller than the one before it."""
     n = cu_seqlens_q.numel()
     out = torch.empty(2, n, dtype=torch.int32, device=cu_seqlens_q.device)
-    key = ("offsets", n, total_q, total_k, cu_seqlens_q.device, aligned(cu_seqlens_q, cu_seqlens_k))
+    key = launch_key((cu_seqlens_q, cu_seqlens_k, out), "offsets", total_q, total_k)
     replay = _REPLAYS.get(key)
     if replay is not None:
         replay.run(out.device, cu_seqlens_q, cu_seqlens_k, out)
@@ -86,8 +86,7 @@ def launch_zero_unused_rows(x, cu_seqlens, lse=None):
         return
     if x.stride(2) != 1 or x.stride(1) != head_dim:
         raise ValueError(f"x must have its (nheads, headdim) dims contiguous, got strides {x.stride()}")
-    key = (x.shape, x.stride(), x.dtype, x.device, cu_seqlens.shape, lse is None or lse.stride(),
-           aligned(x, lse, cu_seqlens))
+    key = launch_key((x, lse, cu_seqlens), "zero rows")
     replay = _REPLAYS.get(key)
     if replay is not None:
         replay.run(x.device, x, lse, cu_seqlens)
