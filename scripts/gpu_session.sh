@@ -33,7 +33,12 @@ for step in "$@"; do
     bwd-designs) timeout 200 python3 scripts/bwd_design_ab.py single_pass=1 --masks causal 2>&1 \
                    | tee "$out/bwd-design-causal.md"
                  timeout 150 python3 scripts/bwd_design_ab.py portable --masks full --seqlens 1024 2048 2>&1 \
-                   | tee "$out/bwd-design-portable.md" ;;
+                   | tee "$out/bwd-design-portable.md"
+                 # tiles that spilled before backward v8 and compile without spills since (tools/compile_sm90.py)
+                 timeout 150 python3 scripts/bwd_design_ab.py block_m=128 --head-dims 64 --masks causal 2>&1 \
+                   | tee "$out/bwd-design-d64-m128.md"
+                 timeout 150 python3 scripts/bwd_design_ab.py num_stages=3 --head-dims 128 --masks causal 2>&1 \
+                   | tee "$out/bwd-design-d128-stages3.md" ;;
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
     tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \
                 | tee "$out/tune-bwd.log" ;;
