@@ -188,8 +188,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     q (batch, seqlen_q, nheads, headdim): the new queries (seqlen_q > 1 for speculative decoding or chunked
     prefill; with ``causal`` they sit at the end of the cache, aligned bottom-right). k_cache, v_cache:
     (batch_cache, seqlen_cache, nheads_k, headdim), or paged (num_pages, page_size, nheads_k, headdim) with
-    ``block_table`` (batch, max_pages) int32: any page size, read at 94-100 % of a contiguous cache's speed with
-    pages of 64 keys or more, 87-99 % with shorter ones from batch 8 on (D=128; docs/perf/decode.md, run 35).
+    ``block_table`` (batch, max_pages) int32: any page size (its speed against a contiguous cache's:
+    docs/perf/decode.md).
     ``cache_seqlens`` (int or int32 (batch,)): keys already in the cache; new ``k``, ``v`` (batch, seqlen_new,
     nheads_k, headdim) are written there in place first. ``cache_batch_idx`` (int32 (batch,)) picks the cache rows
     of a contiguous cache. ``num_splits=0`` chooses the split count from the SM count, batch, heads and cache

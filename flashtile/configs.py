@@ -180,7 +180,7 @@ BWD_FP32 = {d: BwdConfig(block_m1=32, block_n1=32, block_m2=32, block_n2=32, num
 BWD_INTERPRETER = BwdConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=1,
                             dq_atomic="pointer")
 
-# Split-KV decode: 128 keys, 4 warps, 3 stages best or within 3 % everywhere at D=128; max_rows: the most query rows
+# Split-KV decode: 128 keys, 4 warps, 3 stages, the best tiles at D=128; max_rows: the most query rows
 # whose tile compiles for sm90 (tests/test_compile_sm90.py) (docs/configs.md#decode_sm90).
 DECODE_SM90 = {32: DecodeConfig(block_n=128, num_warps=4, num_stages=3, max_rows=32),
                64: DecodeConfig(block_n=128, num_warps=4, num_stages=3, max_rows=32),
@@ -226,7 +226,7 @@ FWD_HOPPER = {
                                 below=HopperFwdConfig(block_m=128, block_n=128, num_stages=3, pingpong=False,
                                                       persistent=True, claims=2, frozen_max=True,
                                                       min_seqlen_q=1024)),
-    # two stages leave room for O's TMA tile; Q in registers from 2k rows (at 1k it lost 3-4 %)
+    # two stages leave room for O's TMA tile; Q in registers from 2k rows (below, it lost)
     (128, False): HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True, persistent=True,
                                   o_kstage=True, early_p=True, q_regs=True, o_tma=True,
                                   frozen_max=True, min_seqlen_q=2048,
@@ -241,7 +241,7 @@ FWD_HOPPER = {
                                                        persistent=True, persistent_max_seqlen=4096, o_kstage=True,
                                                        early_p=True, o_tma=True, balanced=False,
                                                        frozen_max=True)),
-    # two 64-key stages beside the 64 KB Q tile, no ping-pong: won a re-sweep (docs/configs.md#fwd_hopper)
+    # two 64-key stages beside the 64 KB Q tile, no ping-pong (docs/configs.md#fwd_hopper)
     (256, False): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,
                                   persistent=True, early_p=True),
     (256, True): HopperFwdConfig(block_m=128, block_n=64, num_stages=2, pingpong=False, overlap_pv=True,
@@ -255,7 +255,7 @@ BWD_HOPPER = {
     (128, False): HopperBwdConfig(dq=BwdConfig(block_m1=64, block_n1=64, block_m2=128, block_n2=64, num_warps=8,
                                                num_stages=3, dq_atomic="none"),
                                   dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
-    # two kernels; the dQ kernel's 64-key tiles (128 were -1.5 % to +3 %)
+    # two kernels; the dQ kernel's 64-key tiles (128 keys did not win)
     (128, True): HopperBwdConfig(dq=BwdConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64, num_warps=4,
                                               num_stages=3, dq_atomic="none"),
                                  dq_hopper=HopperDqConfig()),

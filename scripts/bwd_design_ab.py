@@ -12,11 +12,10 @@ shape, and the largest difference between the two versions' gradients.
 """
 import argparse
 import dataclasses
-import statistics
+import functools
 
 import torch
-import triton
-from bwd_ab import HIDDEN, TOKENS
+from bwd_ab import HIDDEN, TOKENS, median_ms
 
 from flashtile import configs, dispatch, ops
 from flashtile.kernels.hopper.bwd import launch_bwd_hopper
@@ -56,13 +55,7 @@ def main():
                     launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, True,
                                       config=versions[name])
                     grads[name] = (dq, dk, dv)
-                times = {name: [] for name in versions}
-                for name in versions:
-                    run(name)
-                for turn in range(args.rounds):
-                    for name in (("shipped", "variant") if turn % 2 == 0 else ("variant", "shipped")):
-                        times[name].append(triton.testing.do_bench(lambda: run(name), warmup=25, rep=100))
-                ms = {name: statistics.median(t) for name, t in times.items()}
+                ms = median_ms({name: functools.partial(run, name) for name in versions}, args.rounds)
                 flops = 2.5 * 4 * b * h * n * n * d / (2 if causal else 1)
                 diff = max((a.float() - c.float()).abs().max().item() for a, c in zip(grads["shipped"],
                                                                                        grads["variant"]))

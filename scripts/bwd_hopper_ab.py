@@ -9,11 +9,10 @@ config, do_bench medians, the median over turns; prints a markdown row per shape
 and checks that the two agree.
 """
 import argparse
-import statistics
+import functools
 
 import torch
-import triton
-from bwd_ab import HIDDEN, TOKENS, load_old
+from bwd_ab import HIDDEN, TOKENS, load_old, median_ms
 
 from flashtile.kernels.hopper import bwd as new_module
 
@@ -40,13 +39,7 @@ def main():
                     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
                     modules[name].launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, True)
                     grads[name] = (dq, dk, dv)
-                times = {"old": [], "new": []}
-                for name in times:
-                    run(name)
-                for turn in range(args.rounds):
-                    for name in (("old", "new") if turn % 2 == 0 else ("new", "old")):
-                        times[name].append(triton.testing.do_bench(lambda: run(name), warmup=25, rep=100))
-                ms = {name: statistics.median(t) for name, t in times.items()}
+                ms = median_ms({name: functools.partial(run, name) for name in ("old", "new")}, args.rounds)
                 flops = 2.5 * 4 * b * h * n * n * d / (2 if causal else 1)
                 diff = ", ".join(f"{(a.float() - c.float()).abs().max().item():.2g}"
                                  for a, c in zip(grads["new"], grads["old"]))

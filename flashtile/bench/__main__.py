@@ -93,7 +93,7 @@ def best_of_turns(timers, rounds):
 
 def warm_gpu(seconds):
     """Bf16 matrix products for ``seconds``: a GPU that starts idle runs its first kernels at a clock it cannot hold
-    under load, which favours whichever peer runs first (docs/perf/forward.md, run 29)."""
+    under load, which favours whichever peer runs first (docs/perf/forward.md)."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     end = time.time() + seconds
     while time.time() < end:

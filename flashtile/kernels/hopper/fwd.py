@@ -152,8 +152,8 @@ def _load_item(sw, ring, q_desc, k_desc, v_desc, code, counter, claim, claimed, 
     """One item: each consumer's Q rows once that consumer freed the previous ones (SCHEDULE 3: with the tile's
     code), then K and V of each tile into the next ring stage, each once every consumer freed its own. With
     ``claim``, the next item's number is claimed from ``counter`` after the first tile's loads, where the loader
-    would wait for a free stage anyway (the atomic's round trip, ~1 µs, at the start of an item delays its
-    loads); returns (g, claimed)."""
+    would wait for a free stage anyway (the atomic's round trip at the start of an item would delay its loads);
+    returns (g, claimed)."""
     for i in gl.static_range(sw.BLOCK_M // WG_M):
         mbarrier.wait(ring.q_free.index(i), (done & 1) ^ 1)
         if sw.SCHEDULE == 3:
@@ -539,7 +539,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
     code_smem = q_bar  # (unused below SCHEDULE 3)
     if SCHEDULE == 3:  # each consumer's next Q tile, as the loader claimed it
         code_smem = gl.allocate_shared_memory(gl.int32, [NUM_WG, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    # unused barriers stay uninitialized: triton may reuse their bytes as scratch, undefined for an mbarrier (perf v33)
+    # unused barriers stay uninitialized: triton may reuse their bytes as scratch, undefined for an mbarrier
     if STAGE_K:
         mbarrier.init(k_done.index(0), count=NUM_WG)
     for i in gl.static_range(NUM_WG):

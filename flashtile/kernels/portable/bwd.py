@@ -128,17 +128,13 @@ def _dkdv_program(pid_n, b, h_k, Q, K, V, dO, dK, dV, LSE, Delta, dQacc, cu_seql
                   stride_dkn, stride_dkh, stride_dvn, stride_dvh, lse_strides, stride_dqb, stride_dqn, stride_dqh,
                   seqlen_q, seqlen_k, group, softmax_scale, mods, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, MASKS: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
+                  MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """dK, dV of one K/V tile of KV head h_k, summed over the query heads of its group. The bundles are
-    flash_bwd_kernel's (qkv_strides, lse_strides, mods, MASKS)."""
+    flash_bwd_kernel's (qkv_strides, lse_strides, mods)."""
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh = qkv_strides
     stride_lb, stride_lh = lse_strides
     qk_scale, softcap_scale, alibi_unit, Alibi, stride_alibi_b, left, right = mods
-    BOTTOM_RIGHT: tl.constexpr = MASKS[0]
-    MASK_LEFT: tl.constexpr = MASKS[1]
-    MASK_RIGHT: tl.constexpr = MASKS[2]
-    SOFTCAP: tl.constexpr = MASKS[3]
-    HAS_ALIBI: tl.constexpr = MASKS[4]
     q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
     start_n = pid_n * BLOCK_N
@@ -227,18 +223,14 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, 
                 stride_dqn, stride_dqh, lse_strides, seqlen_q, seqlen_k, softmax_scale, mods,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DELTA_HERE: tl.constexpr,
-                MASKS: tl.constexpr):
+                BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr):
     """dQ of one Q tile of head h, with no atomics. DELTA_HERE (batch mode): delta of its rows from O and dO,
     written for a dK/dV kernel launched after this one, in place of the preprocess launch. The bundles are
     flash_bwd_kernel's."""
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh = qkv_strides
     stride_lb, stride_lh = lse_strides
     qk_scale, softcap_scale, alibi_unit, Alibi, stride_alibi_b, left, right = mods
-    BOTTOM_RIGHT: tl.constexpr = MASKS[0]
-    MASK_LEFT: tl.constexpr = MASKS[1]
-    MASK_RIGHT: tl.constexpr = MASKS[2]
-    SOFTCAP: tl.constexpr = MASKS[3]
-    HAS_ALIBI: tl.constexpr = MASKS[4]
     tl.static_assert(not (DELTA_HERE and IS_VARLEN))
     q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
@@ -306,19 +298,19 @@ def flash_bwd_kernel(
     qkv_strides = (stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh)
     lse_strides = (stride_lb, stride_lh)
     mods = (qk_scale, softcap_scale, alibi_unit, Alibi, stride_alibi_b, left, right)  # the scores' modifiers, band
-    MASKS: tl.constexpr = (BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI)
     if pid < kv_tiles:
         _dkdv_program(pid, b, h_k, Q1, K1, V1, dO1, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k, qkv_strides,
                       stride_dkn, stride_dkh, stride_dvn, stride_dvh, lse_strides, stride_dqab, stride_dqan,
                       stride_dqah, seqlen_q, seqlen_k, group, softmax_scale, mods, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M1,
-                      BLOCK_N1, IS_VARLEN, DQ_ATOMIC, DOT_PRECISION, MASKS)
+                      BLOCK_N1, IS_VARLEN, DQ_ATOMIC, DOT_PRECISION, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, SOFTCAP,
+                      HAS_ALIBI)
     elif DQ_ATOMIC == "none":
         off = pid - kv_tiles
         h = h_k * group + off // q_tiles
         _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, cu_seqlens_q,
                     cu_seqlens_k, qkv_strides, stride_dqn, stride_dqh, lse_strides, seqlen_q, seqlen_k,
                     softmax_scale, mods, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, IS_VARLEN, DOT_PRECISION,
-                    DELTA_HERE, MASKS)
+                    DELTA_HERE, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI)
 
 
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)

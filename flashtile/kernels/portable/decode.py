@@ -101,7 +101,6 @@ def flash_decode_split_kernel(
     cache = (block_table, page_size, cache_rows, stride_bt)
     k_strides, v_strides = (stride_kp, stride_kt, stride_kh), (stride_vp, stride_vt, stride_vh)
     mods = (diag, left, right, slopes, softcap_scale, qk_scale)  # the scores' modifiers and band
-    MASKS: tl.constexpr = (MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI)
     for step in tl.static_range(3):  # the pad's tile, the whole tiles, then the tile that crosses `end`, if any
         if step == 0:
             lo, hi = start, first_end
@@ -114,7 +113,8 @@ def flash_decode_split_kernel(
                 acc, m_i, l_i = attend_tile(
                     acc, m_i, l_i, q, K, V, b, cache_row, page, h_k, start_n, end, pad, cache, k_strides, v_strides,
                     offs_n, offs_d, d_ok, token, mods, BLOCK_N, HEAD_DIM_PAD, KEY_GROUPS, PAGED, USE_TMA,
-                    MASK_PAD and step != 1, DOT_PRECISION, step == 2, HEADS, MASKS)
+                    MASK_PAD and step != 1, DOT_PRECISION, step == 2, HEADS, MASK_LEFT, MASK_RIGHT, SOFTCAP,
+                    HAS_ALIBI)
 
     if HEADS == 1:
         m_i, l_i, acc = merge_groups(m_i, l_i, acc)  # [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM]
@@ -155,23 +155,20 @@ def flash_decode_split_kernel(
 def attend_tile(acc, m_i, l_i, q, K, V, b, cache_row, page, h_k, start_n, end, pad, cache, k_strides, v_strides,
                 offs_n, offs_d, d_ok, token, mods, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 KEY_GROUPS: tl.constexpr, PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_PAD: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, LAST: tl.constexpr, HEADS: tl.constexpr, MASKS: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, LAST: tl.constexpr, HEADS: tl.constexpr, MASK_LEFT: tl.constexpr,
+                MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """One step over the keys [start_n, start_n + BLOCK_N), in KEY_GROUPS groups of consecutive keys, or of each of
     the HEADS KV heads from h_k on (q, m_i, l_i and acc carry the groups first): scores, the online softmax, P·V into
     acc. Only the LAST tile (the one that crosses ``end``) masks the keys from ``end`` on and zeroes their V rows (with
     TMA they are real cache memory, maybe never written); every other tile's V goes from shared memory straight to the
     tensor cores. With MASK_PAD (a left-padded paged cache read as boxes: the first and the last tile) the tile also
     drops the keys before ``pad`` and zeroes their V rows. The bundles: ``cache`` (block_table, page_size,
-    cache_rows, stride_bt), the caches' (page, token, head) strides, ``mods`` (diag, left, right, slopes,
-    softcap_scale, qk_scale) and MASKS (MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI)."""
+    cache_rows, stride_bt), the caches' (page, token, head) strides and ``mods`` (diag, left, right, slopes,
+    softcap_scale, qk_scale)."""
     block_table, page_size, cache_rows, stride_bt = cache
     stride_kp, stride_kt, stride_kh = k_strides
     stride_vp, stride_vt, stride_vh = v_strides
     diag, left, right, slopes, softcap_scale, qk_scale = mods
-    MASK_LEFT: tl.constexpr = MASKS[0]
-    MASK_RIGHT: tl.constexpr = MASKS[1]
-    SOFTCAP: tl.constexpr = MASKS[2]
-    HAS_ALIBI: tl.constexpr = MASKS[3]
     GROUP_N: tl.constexpr = BLOCK_N // KEY_GROUPS
     keys = start_n + offs_n  # [BLOCK_N]
     row, slot = cache_row, start_n
