@@ -2,21 +2,21 @@
 ops.py asks here (``forward``, ``backward`` and ``decode`` return a Plan, which ``flashtile info`` prints). Each rule
 reads the tables when it is called, so tests and sweeps may swap a table in configs."""
 import functools
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import replace
+from typing import NamedTuple, Optional
 
 import torch
 
 from . import configs
 from .checks import interpreter_enabled
 from .kernels.common.tiles import head_dim_pad, num_sms
+from .kernels.portable.decode import reads_by_tma
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What serves a call: the kernel file under flashtile/kernels/ whose launcher runs it, its config, for the
     sm90 backward the design (configs.HopperBwdConfig.design: the launches in order), for decoding the splits of
-    the cache and the keys each split takes."""
+    the cache and the keys each split takes. A named tuple: decoding builds one every step."""
     kernel: str
     config: object
     design: str = ""
@@ -127,7 +127,6 @@ def decode(q, k_cache, v_cache, capacity, num_splits=0, batch_idx=None, block_ta
                                       window_size, adjacent, programs, capacity, sms)
         if hopper is not None:
             return Plan("hopper/decode.py", hopper, splits=1, chunk=capacity)
-    from .kernels.portable.decode import reads_by_tma
     interpreter = interpreter_enabled()
     if config is None and not interpreter:
         nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)

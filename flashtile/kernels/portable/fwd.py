@@ -7,11 +7,13 @@ registers, and writes O once, normalized, with the row log-sum-exp (natural log)
 Masking (causal, sliding window, ragged tails) costs only on the tiles that cross a boundary: the key
 range of a Q tile is split into [lo, full_lo) masked, [full_lo, full_hi) whole, [full_hi, hi) masked.
 """
+import functools
+
 import triton
 import triton.language as tl
 
 from ..common.online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
-from ..common.replay import Replay, Replays, detach_descriptor, launch_key
+from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import (
     band_mask,
     band_tiles,
@@ -111,15 +113,17 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
     seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). ``softcap`` > 0,
     ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi. The
     first call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py)."""
+    tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    key = launch_key(tensors, max_seqlen_q, softmax_scale, window_size, bottom_right, config, softcap)
+    _REPLAYS.launch(key, q.device, tensors, functools.partial(
+        _first_launch, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+        bottom_right, config, softcap, alibi_slopes))
+
+
+def _first_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+                  bottom_right, config, softcap, alibi_slopes):
+    """launch_fwd's launch through Triton, as a Replay (a descriptor's slot re-aimed at each call's tensor)."""
     is_varlen = cu_seqlens_q is not None
-    key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes), max_seqlen_q, softmax_scale,
-                     window_size, bottom_right, config, softcap)
-    replay = _REPLAYS.get(key)
-    if replay is not None:
-        tensors = (q, k, v, out) if is_varlen else (detach_descriptor(d, t) for d, t in zip(replay.descriptors,
-                                                                                           (q, k, v, out)))
-        replay.run(q.device, *tensors, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-        return
     nheads, head_dim = q.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
     left, right = window_size
@@ -143,8 +147,5 @@ def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, soft
                   SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                   DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
                   num_stages=config.num_stages)
-    replay = Replay(flash_fwd_kernel, grid, args, kwargs,
-                    ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k", "Alibi"])
-    if replay.compiled is not None and not is_varlen:
-        replay.descriptors = [detach_descriptor(d) for d in args[:4]]
-    _REPLAYS.put(key, replay)
+    return Replay(flash_fwd_kernel, grid, args, kwargs, ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k",
+                                                         "Alibi"])
