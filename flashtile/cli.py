@@ -114,14 +114,14 @@ BACKWARD_FILES = {"one pass": "portable/bwd.py (delta, zeroed dQ) -> hopper/bwd.
 
 
 def backward_plans():
-    """One line per configs.BWD_HOPPER entry: the head dim, the mask, from how many keys the sm90 kernels take the
-    call, and which kernel files run it, by default and with deterministic=True."""
+    """One line per configs.BWD_HOPPER entry: the head dim, the mask and which kernel files run it, by default and
+    with deterministic=True."""
     from . import configs
     lines = []
     for (head_dim, causal), config in sorted(configs.BWD_HOPPER.items()):
         dq = "hopper/bwd_dq.py (dQ, delta)" if config.dq_hopper is not None else "portable/bwd.py (dQ programs, delta)"
         plan, exact = (BACKWARD_FILES[config.design(d)].format(dq=dq) for d in (False, True))
-        lines.append(f"D={head_dim} {'causal' if causal else 'full'}, from {config.min_seqlen_k} keys: {plan}"
+        lines.append(f"D={head_dim} {'causal' if causal else 'full'}: {plan}"
                      + ("" if exact == plan else f"; deterministic=True: {exact}"))
     return lines
 

@@ -12,8 +12,7 @@ def from_fields(cls, values):
     return cls(**dict(zip((f.name for f in fields(cls)), values)))
 
 
-# Which kernel family sm90 uses: "auto" (the Gluon kernels where they apply, else the portable ones) or "portable";
-# the backward also takes "hopper" (the Gluon kernels wherever they apply, whatever min_seqlen_k says).
+# Which kernel family sm90 uses: "auto" (the Gluon kernels where they apply, else the portable ones) or "portable".
 FWD_BACKEND = os.environ.get("FLASHTILE_FWD_BACKEND", "auto")
 BWD_BACKEND = os.environ.get("FLASHTILE_BWD_BACKEND", "auto")
 DECODE_BACKEND = os.environ.get("FLASHTILE_DECODE_BACKEND", "auto")
@@ -93,7 +92,6 @@ class HopperBwdConfig:
     block_n: int = 128  # keys per program, half to each consumer warpgroup (split_gradients: all to both)
     num_stages: int = 2  # Q/dO tiles in the shared-memory ring
     consumer_regs: int = 240
-    min_seqlen_k: int = 2048  # "auto" takes it from here: it was measured from 2k keys up
     dq_hopper: Optional[HopperDqConfig] = None
     single_pass: bool = False  # dQ reduced in L2 from the dK/dV kernel (deterministic=True keeps two kernels)
     split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (hopper/bwd_split.py)
@@ -110,6 +108,8 @@ class HopperBwdConfig:
             raise ValueError("HopperBwdConfig needs a dQ kernel (dq or dq_hopper): deterministic=True runs it")
         if self.single_pass and self.split_gradients:
             raise ValueError("HopperBwdConfig: single_pass adds dQ from the paired warpgroups, not split_gradients")
+        if self.single_pass and self.block_m % 64:
+            raise ValueError(f"HopperBwdConfig: single_pass hands dQ on in 64-row boxes, got block_m={self.block_m}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,26 +249,20 @@ FWD_HOPPER = {
 }
 
 # The backward (docs/configs.md#bwd_hopper, #bwd_hopper-entries): a ring of 2 stages; the Gluon dQ kernel beat the
-# portable tiles.
+# portable tiles; at D=64 and D=128 the one pass beat the two kernels and the portable backward at every length.
 BWD_HOPPER = {
-    # one pass (dQ reduced in L2) beat the two kernels non-causal from 2k keys
     (128, False): HopperBwdConfig(dq=BwdConfig(block_m1=64, block_n1=64, block_m2=128, block_n2=64, num_warps=8,
                                                num_stages=3, dq_atomic="none"),
                                   dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
-    # two kernels; the dQ kernel's 64-key tiles (128 keys did not win)
     (128, True): HopperBwdConfig(dq=BwdConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64, num_warps=4,
                                               num_stages=3, dq_atomic="none"),
-                                 dq_hopper=HopperDqConfig()),
-    # one pass, 3 stages, from 4k keys; below it the portable one-launch kernel
-    (64, False): HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128), single_pass=True,
-                                 min_seqlen_k=4096),
-    # two kernels tie the portable backward at every length and need no atomics
-    (64, True): HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), min_seqlen_k=0),
+                                 dq_hopper=HopperDqConfig(), single_pass=True),
+    # 128 query rows a step beat 64 (3 stages of them no longer fit)
+    (64, False): HopperBwdConfig(block_m=128, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
+    (64, True): HopperBwdConfig(block_m=128, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
     # one warpgroup per gradient: the only tiles whose two fp32 gradients fit; the portable kernel spills here
-    (256, False): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True,
-                                  min_seqlen_k=0),
-    (256, True): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True,
-                                 min_seqlen_k=0),
+    (256, False): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True),
+    (256, True): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True),
 }
 
 # The warp-specialized decode kernel on a head-major cache, one split, where its programs fill their waves to

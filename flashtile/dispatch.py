@@ -77,15 +77,12 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 
 
 def takes_hopper_backward(q, k, v, dout, window_size, packed):
-    """Whether the sm90 backward takes the call: configs.BWD_BACKEND ("auto": from the config's min_seqlen_k keys),
-    sm90, batch mode, a call the kernel's ``supports`` accepts."""
+    """Whether the sm90 backward takes the call: configs.BWD_BACKEND "auto", sm90, batch mode, a call the kernel's
+    ``supports`` accepts."""
     if configs.BWD_BACKEND == "portable" or packed or arch(q.device) != (9, 0) or interpreter_enabled():
         return False
     from .kernels.hopper.bwd import supports
-    if not supports(q, k, v, dout, window_size):
-        return False
-    config = configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))]
-    return configs.BWD_BACKEND == "hopper" or k.shape[1] >= config.min_seqlen_k
+    return supports(q, k, v, dout, window_size)
 
 
 def _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter):

@@ -13,7 +13,7 @@ from flashtile.configs import HopperBwdConfig, HopperDqConfig
 from flashtile.kernels.hopper.bwd import launch_bwd_hopper
 from flashtile.ops import attention_backward, attention_forward
 
-SPLIT = dict(block_n=64, split_gradients=True, min_seqlen_k=0)
+SPLIT = dict(block_n=64, split_gradients=True)
 CANDIDATES = {
     64: {
         "two kernels, dQ 128 keys": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128)),

@@ -58,7 +58,7 @@ def test_viz_asks_before_writing_a_large_page(tmp_path, capsys, monkeypatch):
 
 
 def test_info_names_the_files_that_run_each_sm90_backward():
-    """`flashtile info`'s backward lines: one per configs.BWD_HOPPER entry, from its min_seqlen_k, naming kernel files
+    """`flashtile info`'s backward lines: one per configs.BWD_HOPPER entry, naming kernel files
     that exist, in launch order, and what deterministic=True runs instead where it differs."""
     import re
     from pathlib import Path

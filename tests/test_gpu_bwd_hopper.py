@@ -1,5 +1,5 @@
 """GPU tier: the sm90 backward (kernels/hopper/bwd.py in one pass with dQ by the copy engine's reduce-add, or after
-kernels/hopper/bwd_dq.py; D=256 by kernels/hopper/bwd_split.py after it; forced with FLASHTILE_BWD_BACKEND=hopper)
+kernels/hopper/bwd_dq.py; D=256 by kernels/hopper/bwd_split.py after it)
 against the float64 reference, beside PyTorch's own error."""
 import dataclasses
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 def hopper_backward(monkeypatch):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for sm90")
-    monkeypatch.setattr(configs, "BWD_BACKEND", "hopper")
+    monkeypatch.setattr(configs, "BWD_BACKEND", "auto")
 
 
 def _with_single_pass(single):

@@ -219,9 +219,8 @@ def test_backward_launch_arguments():
 
 
 def test_backward_dispatch(monkeypatch):
-    """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward from their
-    config's min_seqlen_k keys, "hopper" at any length, "portable" never; other head dims, windows and packed
-    batches stay portable."""
+    """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
+    "portable" never; other head dims, windows and packed batches stay portable."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     ok = GLUON_VERSION_OK
@@ -235,14 +234,11 @@ def test_backward_dispatch(monkeypatch):
     assert {d for d, _ in configs.BWD_HOPPER} == {64, 128, 256}
     for (head_dim, causal), config in configs.BWD_HOPPER.items():
         window = (-1, 0) if causal else (-1, -1)
-        if config.min_seqlen_k > 1:
-            assert not taken("auto", config.min_seqlen_k - 1, head_dim, window)
-        assert taken("auto", max(config.min_seqlen_k, 64), head_dim, window) == ok
-        assert taken("hopper", 64, head_dim, window) == ok
+        assert taken("auto", 1, head_dim, window) == taken("auto", 4096, head_dim, window) == ok
     assert not taken("portable", 4096)
-    assert not taken("hopper", 4096, head_dim=96)
-    assert not taken("hopper", 4096, window=(256, 0))
-    assert not taken("hopper", 4096, packed=True)
+    assert not taken("auto", 4096, head_dim=96)
+    assert not taken("auto", 4096, window=(256, 0))
+    assert not taken("auto", 4096, packed=True)
 
 
 class _Recorder:
@@ -353,6 +349,8 @@ def test_hopper_backward_configs_name_a_dq_kernel():
         configs.HopperBwdConfig()
     with pytest.raises(ValueError, match="split_gradients"):
         configs.HopperBwdConfig(dq_hopper=configs.HopperDqConfig(), single_pass=True, split_gradients=True)
+    with pytest.raises(ValueError, match="block_m=96"):
+        configs.HopperBwdConfig(dq_hopper=configs.HopperDqConfig(), single_pass=True, block_m=96)
 
 
 def test_launch_arguments_with_three_consumer_warpgroups():

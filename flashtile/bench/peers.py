@@ -86,7 +86,6 @@ def naive_fwd(causal):
 FORWARD = {
     "flashtile": flashtile_fwd,
     "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable", "portable"),
-    "flashtile (hopper bwd)": lambda causal: flashtile_fwd(causal, "auto", "hopper"),
     "flashtile (bwd single pass)": lambda causal: flashtile_fwd(causal, "auto", "auto", True),
     "flashtile (bwd two kernels)": lambda causal: flashtile_fwd(causal, "auto", "auto", False),
     "FA4": fa4_fwd,

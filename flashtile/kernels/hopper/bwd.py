@@ -60,7 +60,7 @@ class Smem:
     k: gl.shared_memory_descriptor  # [2, BLOCK_N / 2, HEAD_DIM]
     v: gl.shared_memory_descriptor
     ds: gl.shared_memory_descriptor  # [2 · buffers, BLOCK_N / 2, BLOCK_M]
-    dq: gl.shared_memory_descriptor  # [buffers, HEAD_DIM, 32]
+    dq: gl.shared_memory_descriptor  # [buffers, BLOCK_M / 64 · HEAD_DIM, 32]
     kv_bar: gl.shared_memory_descriptor
     q_ready: gl.shared_memory_descriptor
     do_ready: gl.shared_memory_descriptor
@@ -148,18 +148,21 @@ def _dq_products(ds_smem, k_smem, ds_ready, t, half: gl.constexpr, dq_zero, DQ_C
 
 @gluon.jit
 def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
-    """Hands this warpgroup's [64, DQ_COLS] share of one Q tile's dQ to the copy engine, which adds it into dQacc at
-    ``row`` (rows of 32 floats). The tile travels in the order the threads hold it (dq_tile_order): each thread
-    writes 16-byte runs, a warp 512 contiguous bytes, one box of [2 · DQ_COLS, 32] floats."""
+    """Hands this warpgroup's [BLOCK_M, DQ_COLS] share of one Q tile's dQ to the copy engine, which adds it into
+    dQacc, 64 rows at a time: rows r·64.. at ``row`` + r·4·DQ_COLS (rows of 32 floats). Each 64 travel in the order
+    the threads hold them (dq_tile_order): each thread writes 16-byte runs, a warp 512 contiguous bytes, one box of
+    [2 · DQ_COLS, 32] floats."""
+    TILES: gl.constexpr = dq.shape[0] // 64
     DQ_COLS: gl.constexpr = dq.shape[1]
-    # [64, DQ_COLS] as (warp, row bit 3, lane / 4, col / 8, lane % 4, col % 2)
-    y = gl.reshape(dq, [4, 2, 8, DQ_COLS // 8, 4, 2])
-    y = gl.reshape(gl.permute(y, (3, 0, 2, 4, 1, 5)), [2 * DQ_COLS, 32])
+    # [BLOCK_M, DQ_COLS] as (64-row tile, warp, row bit 3, lane / 4, col / 8, lane % 4, col % 2)
+    y = gl.reshape(dq, [TILES, 4, 2, 8, DQ_COLS // 8, 4, 2])
+    y = gl.reshape(gl.permute(y, (0, 4, 1, 3, 5, 2, 6)), [TILES * 2 * DQ_COLS, 32])
     dq_buf = dq_smem.index(half)
     tma.store_wait(0)  # the copy engine has read the previous tile
     dq_buf.store(y)
     fence_async_shared()
-    tma_reduce_add(dQacc, [row, 0], dq_buf)
+    for r in gl.static_range(TILES):
+        tma_reduce_add(dQacc, [row + r * 4 * DQ_COLS, 0], dq_buf.slice(r * 2 * DQ_COLS, 2 * DQ_COLS))
 
 
 @gluon.jit
@@ -185,7 +188,7 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k
     dv = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
     dq_zero = gl.zeros([sw.BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
     if sw.DQ_REDUCE:
-        gl.static_assert((sw.BLOCK_M == 64) & (DQ_COLS % 32 == 0), "_dq_reduce's tile order: 64 rows, 32k columns")
+        gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
     lo, hi = _q_tiles(start_n, seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
@@ -252,7 +255,7 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     BUFS: gl.constexpr = 2 if DQ_REDUCE else 1
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BUFS, BLOCK_N // 2, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], q_desc.dtype))
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, HEAD_DIM, 32], DQ_TILE_LAYOUT)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, BLOCK_M // 64 * HEAD_DIM, 32], DQ_TILE_LAYOUT)
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
