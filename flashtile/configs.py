@@ -84,15 +84,13 @@ class HopperDqConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class HopperBwdConfig:
-    """The sm90 backward (kernels/hopper/bwd.py): the Gluon dK/dV kernel's tiles and the dQ kernel's: the
-    portable Q-tile programs (``dq``: its block_m2, block_n2, warps, stages) or, with ``dq_hopper``, the Gluon
-    dQ kernel."""
-    dq: Optional[BwdConfig] = None
+    """The sm90 backward (kernels/hopper/bwd.py): the Gluon dK/dV kernel's tiles and the Gluon dQ kernel's
+    (``dq_hopper``), which runs where the design has two kernels and always under deterministic=True."""
     block_m: int = 64  # Q rows per step
     block_n: int = 128  # keys per program, half to each consumer warpgroup (split_gradients: all to both)
     num_stages: int = 2  # Q/dO tiles in the shared-memory ring
     consumer_regs: int = 240
-    dq_hopper: Optional[HopperDqConfig] = None
+    dq_hopper: HopperDqConfig = HopperDqConfig()
     single_pass: bool = False  # dQ reduced in L2 from the dK/dV kernel (deterministic=True keeps two kernels)
     split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (hopper/bwd_split.py)
 
@@ -104,8 +102,6 @@ class HopperBwdConfig:
         return "split gradients" if self.split_gradients else "two kernels"
 
     def __post_init__(self):
-        if self.dq is None and self.dq_hopper is None:
-            raise ValueError("HopperBwdConfig needs a dQ kernel (dq or dq_hopper): deterministic=True runs it")
         if self.single_pass and self.split_gradients:
             raise ValueError("HopperBwdConfig: single_pass adds dQ from the paired warpgroups, not split_gradients")
         if self.single_pass and self.block_m % 64:
@@ -251,12 +247,8 @@ FWD_HOPPER = {
 # The backward (docs/configs.md#bwd_hopper, #bwd_hopper-entries): a ring of 2 stages; the Gluon dQ kernel beat the
 # portable tiles; at D=64 and D=128 the one pass beat the two kernels and the portable backward at every length.
 BWD_HOPPER = {
-    (128, False): HopperBwdConfig(dq=BwdConfig(block_m1=64, block_n1=64, block_m2=128, block_n2=64, num_warps=8,
-                                               num_stages=3, dq_atomic="none"),
-                                  dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
-    (128, True): HopperBwdConfig(dq=BwdConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64, num_warps=4,
-                                              num_stages=3, dq_atomic="none"),
-                                 dq_hopper=HopperDqConfig(), single_pass=True),
+    (128, False): HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
+    (128, True): HopperBwdConfig(dq_hopper=HopperDqConfig(), single_pass=True),
     # 128 query rows a step beat 64 (3 stages of them no longer fit)
     (64, False): HopperBwdConfig(block_m=128, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
     (64, True): HopperBwdConfig(block_m=128, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),

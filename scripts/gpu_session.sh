@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [bwd-split] [dq-sweep] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd]
+#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 set -u
@@ -40,8 +40,6 @@ for step in "$@"; do
     bench) python3 -m flashtile.bench --backward --peers flashtile "flashtile (portable)" cuDNN "FA2 (SDPA flash)" \
              FlexAttention --memory-seqlens 8192 16384 32768 65536 131072 --out "$out/bench" 2>&1 \
              | grep -v '%|' | tee "$out/bench.log" ;;
-    bwd-split) timeout 120 python3 scripts/bwd_split.py 2>&1 | tee "$out/bwd-split.md" ;;
-    dq-sweep) timeout 120 python3 scripts/dq_sweep.py 2>&1 | tee "$out/dq-sweep.md" ;;
     ncu-fwd) for shape in "8192 128" "16384 64"; do
                read -r n d <<< "$shape"
                timeout 240 ncu --clock-control none --profile-from-start off --set full --import-source yes \

@@ -4,7 +4,7 @@ import torch
 from helpers import DEVICE, poisoned_outputs, randn, slack, torch_attention, torch_attention_varlen, varlen_inputs
 
 import flashtile
-from flashtile import dispatch, ops, reference
+from flashtile import ops, reference
 
 
 def gradients(fn, inputs, dout):
@@ -318,31 +318,6 @@ def test_opcheck():
     out, lse = (t.detach() for t in ops.fwd(q, k, v, None, None, 0, 0, 0.2, -1, 0, True, False, False))
     torch.library.opcheck(ops.bwd, (torch.randn_like(out), q.detach(), k, v, out, lse, None, None, 0, 0, 0.2, -1, 0,
                                     True, False))
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_dq_programs_that_write_delta(causal):
-    """The sm90 backward's first launch (kernels/hopper/bwd.py): dQ-only programs that also compute
-    delta = rowsum(dO ∘ O) for the dK/dV kernel after them, in place of the preprocess launch. Both must equal
-    what the preprocess and the portable backward give, on a ragged length with GQA."""
-    from flashtile.kernels.portable.bwd import launch_bwd, launch_preprocess
-    q, dout = (randn(2, 77, 4, 64, dtype=torch.float16) for _ in range(2))
-    k, v = (randn(2, 77, 2, 64, dtype=torch.float16) for _ in range(2))
-    window = (-1, 0) if causal else (-1, -1)
-    out, lse = ops.attention_forward(q, k, v, 0.125, window, True)
-    cfg = dispatch.bwd_config(64, causal, 2, None, True)
-    expected = [torch.empty_like(t) for t in (q, k, v)]
-    launch_bwd(dout, q, k, v, out, lse, *expected, None, None, None, None, 0.125, window, True, True, cfg)
-    delta = torch.full_like(lse, float("nan"))
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, 0.125, window, True, True, cfg,
-               delta=delta, dkdv=False, write_delta=True)
-    assert torch.equal(delta, launch_preprocess(out, dout, lse, None, 77))
-    assert torch.equal(dq, expected[0])
-    assert dk.isnan().all() and dv.isnan().all()  # left to the dK/dV kernel
-    with pytest.raises(ValueError, match="write_delta"):
-        launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, 0.125, window, True, True, cfg,
-                   delta=delta, write_delta=True)
 
 
 def test_preprocess_subtracts_the_lse_gradient():

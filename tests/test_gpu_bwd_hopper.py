@@ -130,13 +130,13 @@ def test_deterministic_is_bitwise_stable(causal, head_dim, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
 
 
-@pytest.mark.parametrize("dq_kernel", ["portable", "gluon", "gluon-128keys"])
+@pytest.mark.parametrize("dq_kernel", ["gluon", "gluon-128keys"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES[1:3] + SHAPES[4:], ids=shape_id)
-def test_either_dq_kernel(shape, causal, dq_kernel, monkeypatch):
-    """The dQ half of the sm90 backward by each of its two kernels (configs.HopperBwdConfig.dq_hopper)."""
-    dq_hopper = {"portable": None, "gluon": configs.HopperDqConfig(),
-                 "gluon-128keys": configs.HopperDqConfig(block_n=128)}[dq_kernel]
+def test_either_dq_tile(shape, causal, dq_kernel, monkeypatch):
+    """The dQ half of the sm90 backward (two kernels) with either tile of the Gluon dQ kernel
+    (configs.HopperBwdConfig.dq_hopper)."""
+    dq_hopper = {"gluon": configs.HopperDqConfig(), "gluon-128keys": configs.HopperDqConfig(block_n=128)}[dq_kernel]
     table = {key: dataclasses.replace(c, dq_hopper=dq_hopper, single_pass=False) if key[0] == 128 else c
              for key, c in configs.BWD_HOPPER.items()}
     monkeypatch.setattr(configs, "BWD_HOPPER", table)

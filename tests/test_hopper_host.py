@@ -251,23 +251,20 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((self.name, args, kwargs))
 
 
-@pytest.mark.parametrize("dq_kernel", ["portable", "gluon"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal, dq_kernel):
-    """The sm90 backward is two launches: dQ (the portable Q-tile programs, or the Gluon dQ kernel with
-    configs.HopperBwdConfig.dq_hopper), which writes delta, then the Gluon dK/dV kernel reading that same delta;
-    each with the tiles of configs.BWD_HOPPER."""
+def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal):
+    """The sm90 backward in two kernels is two launches: the Gluon dQ kernel (configs.HopperBwdConfig.dq_hopper),
+    which writes delta, then the Gluon dK/dV kernel reading that same delta; each with the tiles of
+    configs.BWD_HOPPER."""
     from flashtile.kernels.hopper import bwd as bwd_hopper
     from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
-    from flashtile.kernels.portable import bwd
     calls = []
-    monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))
     monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
                         _Recorder("dkdv", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
     monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
                         _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
-    dq_hopper = configs.HopperDqConfig(block_n=128) if dq_kernel == "gluon" else None
     table = dict(configs.BWD_HOPPER)
+    dq_hopper = configs.HopperDqConfig(block_n=128)
     for causal_ in (False, True):
         table[(128, causal_)] = dataclasses.replace(table[(128, causal_)], dq_hopper=dq_hopper, single_pass=False)
     monkeypatch.setattr(configs, "BWD_HOPPER", table)
@@ -279,15 +276,10 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal,
     assert [c[0] for c in calls] == ["dq", "dkdv"]
     _, dq_args, dq_kwargs = calls[0]
     config = table[(128, causal)]
-    if dq_kernel == "portable":
-        assert dq_kwargs["write_delta"] and not dq_kwargs["dkdv"] and dq_args[-1] == config.dq
-        assert dq_args[14] == ((-1, 0) if causal else (-1, -1))
-        delta = dq_kwargs["delta"]
-    else:
-        dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, dq_args))
-        assert dq_named["dQ"] is grads[0] and dq_named["O"] is out and dq_named["LSE"] is lse
-        assert dq_kwargs["CAUSAL"] == causal and dq_kwargs["BLOCK_N"] == 128 and dq_kwargs["BLOCK_M"] == 128
-        delta = dq_named["Delta"]
+    dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, dq_args))
+    assert dq_named["dQ"] is grads[0] and dq_named["O"] is out and dq_named["LSE"] is lse
+    assert dq_kwargs["CAUSAL"] == causal and dq_kwargs["BLOCK_N"] == 128 and dq_kwargs["BLOCK_M"] == 128
+    delta = dq_named["Delta"]
     named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
     assert named["Delta"] is delta and named["dK"] is grads[1] and named["dV"] is grads[2]
     assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages
@@ -336,17 +328,15 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     assert calls[-1][2]["CAUSAL"] == causal and calls[-1][2]["BLOCK_N"] == config.block_n == 64
 
 
-def test_hopper_backward_configs_name_a_dq_kernel():
-    """Every sm90 backward config can run deterministic=True (two kernels), so it names a dQ kernel; one pass and
+def test_hopper_backward_configs_can_run_deterministically():
+    """Every sm90 backward config can run deterministic=True (two kernels, the Gluon dQ kernel first); one pass and
     one warpgroup per gradient exclude each other."""
     for config in configs.BWD_HOPPER.values():
-        assert config.dq is not None or config.dq_hopper is not None
+        assert isinstance(config.dq_hopper, configs.HopperDqConfig)
         assert not (config.single_pass and config.split_gradients)
         assert config.design(deterministic=True) != "one pass"  # bitwise reproducible: no reduce-add into dQ
     assert configs.BWD_HOPPER[(256, False)].design() == "split gradients"
     assert configs.BWD_HOPPER[(128, False)].design() == "one pass"
-    with pytest.raises(ValueError, match="dQ kernel"):
-        configs.HopperBwdConfig()
     with pytest.raises(ValueError, match="split_gradients"):
         configs.HopperBwdConfig(dq_hopper=configs.HopperDqConfig(), single_pass=True, split_gradients=True)
     with pytest.raises(ValueError, match="block_m=96"):

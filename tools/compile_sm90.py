@@ -73,31 +73,26 @@ def compile_fwd(pad, causal, cfg, varlen):
     return compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen)
 
 
-def compile_bwd(pad, causal, cfg, varlen, atomic, delta_here):
-    """The portable backward (delta from the preprocess), or with ``delta_here`` the sm90 backward's dQ programs that
-    write delta."""
+def compile_bwd(pad, causal, cfg, varlen, atomic):
+    """The portable backward with a shipped tile config and dQ by ``atomic`` ("none": Q-tile programs)."""
     tensors = dict(Q1=cfg.block_m1, dO1=cfg.block_m1, K1=cfg.block_n1, V1=cfg.block_n1, dK=cfg.block_n1,
                    dV=cfg.block_n1, Q2=cfg.block_m2, dO2=cfg.block_m2, K2=cfg.block_n2, V2=cfg.block_n2,
                    dQ=cfg.block_m2)
     if atomic == "tma":
         tensors["dQacc"] = cfg.block_m1
-    if delta_here:
-        tensors["O2"] = cfg.block_m2
     consts = dict(HEAD_DIM=pad, HEAD_DIM_PAD=pad, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1,
                   BLOCK_M2=cfg.block_m2, BLOCK_N2=cfg.block_n2, IS_VARLEN=varlen, BOTTOM_RIGHT=True,
                   MASK_LEFT=False, MASK_RIGHT=causal, DQ_ATOMIC=atomic, DOT_PRECISION="tf32",
-                  DELTA_HERE=delta_here, SOFTCAP=False, HAS_ALIBI=False, **({} if delta_here else dict(O2=None)))
-    return dict(compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen), delta_here=delta_here)
+                  SOFTCAP=False, HAS_ALIBI=False)
+    return compile_kernel(flash_bwd_kernel, tensors, consts, cfg, varlen)
 
 
 def shipped_jobs():
     """(function, args) of every shipped forward and backward config's compile."""
     jobs = [(compile_fwd, (pad, causal, cfg, varlen)) for (pad, causal), cfg in configs.FWD_SM90.items()
             for varlen in (False, True)]
-    jobs += [(compile_bwd, (pad, causal, cfg, varlen, atomic, False)) for (pad, causal), cfg in configs.BWD_SM90.items()
+    jobs += [(compile_bwd, (pad, causal, cfg, varlen, atomic)) for (pad, causal), cfg in configs.BWD_SM90.items()
              for varlen in (False, True) for atomic in dict.fromkeys(("none", cfg.dq_atomic))]
-    jobs += [(compile_bwd, (head_dim, causal, cfg.dq, False, "none", True))
-             for (head_dim, causal), cfg in configs.BWD_HOPPER.items() if cfg.dq is not None]
     from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     jobs += [(compile_hopper_fwd, (head_dim, causal, cfg)) for (head_dim, causal), top in configs.FWD_HOPPER.items()
              if GLUON_VERSION_OK for cfg in configs.hopper_fwd_chain(top)]

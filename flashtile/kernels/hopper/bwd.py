@@ -15,8 +15,7 @@ dQ, two designs (configs.HopperBwdConfig.single_pass):
   float32 dQ in L2 (cp.reduce.async.bulk.tensor; not bitwise reproducible). A preprocess launch writes delta and
   zeroes that dQ first, a cast launch scales it into dq after (kernels/portable/bwd.py);
 - two kernels: dQ by a kernel launched first, which also writes delta = rowsum(dO ∘ O) for this one: the Gluon
-  dQ kernel (kernels/hopper/bwd_dq.py) or the portable kernel's Q-tile programs (kernels/portable/bwd.py); neither uses
-  atomics, so ``deterministic=True`` takes this design.
+  dQ kernel (kernels/hopper/bwd_dq.py), without atomics, so ``deterministic=True`` takes this design.
 
 Tensors are read through the same 2-D (rows, row stride) views as the Hopper forward (common.view_layout):
 rows past a sequence belong to its neighbour, so keys past it are masked and query rows past it get
@@ -347,12 +346,12 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
                       config=None, dlse=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
-    its rows in place of a preprocess launch (the portable kernel's Q-tile programs, tiles ``config.dq``, or the Gluon
-    dQ kernel with ``config.dq_hopper``), then dK and dV (here, or by kernels/hopper/bwd_split.py with
-    ``config.split_gradients``). ``config`` a configs.HopperBwdConfig. ``dlse``, the LSE's gradient (or None), enters as
-    delta − dlse, which the preprocess launch computes in one pass for either design."""
+    its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
+    or by kernels/hopper/bwd_split.py with ``config.split_gradients``). ``config`` a configs.HopperBwdConfig.
+    ``dlse``, the LSE's gradient (or None), enters as delta − dlse, which the preprocess launch computes in one pass
+    for either design."""
     from ... import configs
-    from ..portable.bwd import launch_bwd, launch_dq_cast, launch_preprocess
+    from ..portable.bwd import launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
@@ -360,16 +359,11 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
         _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc)
         launch_dq_cast(dq_acc, dq, softmax_scale)
         return
+    from .bwd_dq import launch_dq_hopper
     delta_in = dlse is not None
     delta = launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in else torch.empty_like(lse)
-    if config.dq_hopper is not None:
-        from .bwd_dq import launch_dq_hopper
-        launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
-                         delta_in)
-    else:
-        launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, softmax_scale,
-                   (-1, 0) if causal else (-1, -1), bottom_right, True, config.dq, delta=delta, dkdv=False,
-                   write_delta=not delta_in)
+    launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
+                     delta_in)
     _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
 
 

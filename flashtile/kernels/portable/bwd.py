@@ -219,19 +219,15 @@ def _dq_tiles(dq, q, do, lse, delta, k_desc, v_desc, b, h_k, lo, hi, offs_m, seq
 
 
 @triton.jit
-def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k, qkv_strides,
+def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_seqlens_k, qkv_strides,
                 stride_dqn, stride_dqh, lse_strides, seqlen_q, seqlen_k, softmax_scale, mods,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DELTA_HERE: tl.constexpr,
-                BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-                HAS_ALIBI: tl.constexpr):
-    """dQ of one Q tile of head h, with no atomics. DELTA_HERE (batch mode): delta of its rows from O and dO,
-    written for a dK/dV kernel launched after this one, in place of the preprocess launch. The bundles are
-    flash_bwd_kernel's."""
+                IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """dQ of one Q tile of head h, with no atomics. The bundles are flash_bwd_kernel's."""
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh = qkv_strides
     stride_lb, stride_lh = lse_strides
     qk_scale, softcap_scale, alibi_unit, Alibi, stride_alibi_b, left, right = mods
-    tl.static_assert(not (DELTA_HERE and IS_VARLEN))
     q_start, seqlen_q = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = sequence_bounds(cu_seqlens_k, b, seqlen_k, IS_VARLEN)
     start_m = pid_m * BLOCK_M
@@ -254,11 +250,7 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, 
         lse = tl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
         q = load_tile(q_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
         do = load_tile(do_desc, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN)  # [BLOCK_M, HEAD_DIM]
-        if DELTA_HERE:
-            delta = _row_dot(load_tile(O, b, start_m, h, BLOCK_M, HEAD_DIM_PAD, IS_VARLEN), do)  # [BLOCK_M]
-            tl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
-        else:
-            delta = tl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        delta = tl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
         slope = alibi_slope(Alibi, b, stride_alibi_b, h, alibi_unit, HAS_ALIBI)
         diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
@@ -278,7 +270,7 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, O, dQ, LSE, Delta, cu_seqlens_q, 
 
 @triton.jit
 def flash_bwd_kernel(
-    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k, Alibi,
+    Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k, Alibi,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
     stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh, stride_lb, stride_lh,
     stride_dqab, stride_dqan, stride_dqah, stride_alibi_b, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles,
@@ -286,7 +278,7 @@ def flash_bwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DELTA_HERE: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     """Grid (kv_tiles [+ group · q_tiles], batch · nheads_k). The first kv_tiles programs own a K/V tile
     (Q1, K1, V1, dO1 in its tile shapes), heaviest first; with DQ_ATOMIC == "none" the rest own a Q tile of
@@ -307,10 +299,10 @@ def flash_bwd_kernel(
     elif DQ_ATOMIC == "none":
         off = pid - kv_tiles
         h = h_k * group + off // q_tiles
-        _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, O2, dQ, LSE, Delta, cu_seqlens_q,
+        _dq_program(q_tiles - 1 - off % q_tiles, b, h, h_k, Q2, K2, V2, dO2, dQ, LSE, Delta, cu_seqlens_q,
                     cu_seqlens_k, qkv_strides, stride_dqn, stride_dqh, lse_strides, seqlen_q, seqlen_k,
                     softmax_scale, mods, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, IS_VARLEN, DOT_PRECISION,
-                    DELTA_HERE, BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI)
+                    BOTTOM_RIGHT, MASK_LEFT, MASK_RIGHT, SOFTCAP, HAS_ALIBI)
 
 
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
@@ -359,34 +351,30 @@ def launch_dq_cast(dq_acc, dq, scale):
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config, delta=None, dkdv=True,
-               write_delta=False, softcap=0.0, alibi_slopes=None):
-    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``. ``dkdv=False`` leaves
-    dK and dV to another kernel (bwd_hopper) and computes dQ only, from its ``delta``; with ``write_delta``
-    (batch mode) the Q-tile programs compute delta into ``delta`` themselves, for that kernel to read after."""
-    is_varlen = cu_seqlens_q is not None
-    if write_delta and (dkdv or is_varlen):
-        raise ValueError("write_delta needs dkdv=False and batch mode")
+               softmax_scale, window_size, bottom_right, deterministic, config, delta=None, softcap=0.0,
+               alibi_slopes=None):
+    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``; ``delta`` where the caller
+    computed it (delta − dLSE), else a preprocess launch does."""
     if delta is None:
-        seqlen_q = max_seqlen_q if is_varlen else q.shape[1]
-        delta = torch.empty_like(lse) if write_delta else launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
-    dq_atomic = "none" if deterministic or not dkdv else config.dq_atomic
+        seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
+        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
+    dq_atomic = "none" if deterministic else config.dq_atomic
     dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    tensors = (q, k, v, dout, dk, dv, q, k, v, dout, out if write_delta else None, dq, lse, delta,
-               dq if dq_acc is None else dq_acc, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    key = launch_key(tensors + (out,), "bwd", max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right,
-                     dq_atomic, config, dkdv, write_delta, softcap)
+    tensors = (q, k, v, dout, dk, dv, q, k, v, dout, dq, lse, delta, dq if dq_acc is None else dq_acc, cu_seqlens_q,
+               cu_seqlens_k, alibi_slopes)
+    key = launch_key(tensors, "bwd", max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right, dq_atomic,
+                     config, softcap)
     _REPLAYS.launch(key, q.device, tensors, functools.partial(
         _first_bwd_launch, tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right, dq_atomic,
-        config, dkdv, write_delta, softcap))
+        config, softcap))
     if dq_acc is not None:
         dq.copy_(dq_acc)
 
 
 def _first_bwd_launch(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window_size, bottom_right,
-                      dq_atomic, config, dkdv, write_delta, softcap):
+                      dq_atomic, config, softcap):
     """launch_bwd's launch through Triton, as a Replay (``tensors`` in the order of its slots)."""
-    q, k, v, dout, dk, dv, _, _, _, _, out, dq, lse, delta, acc, cu_seqlens_q, cu_seqlens_k, alibi_slopes = tensors
+    q, k, v, dout, dk, dv, _, _, _, _, dq, lse, delta, acc, cu_seqlens_q, cu_seqlens_k, alibi_slopes = tensors
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     pad = head_dim_pad(head_dim)
     left, right = window_size
@@ -395,22 +383,20 @@ def _first_bwd_launch(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window
     if is_varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
         lse_strides = (0, lse.stride(0))
-        tiles = tensors[:12]
+        tiles = tensors[:11]
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         lse_strides = (lse.stride(0), lse.stride(1))
         tiles = host_descriptors(((q, c.block_m1), (k, c.block_n1), (v, c.block_n1), (dout, c.block_m1),
                                   (dk, c.block_n1), (dv, c.block_n1), (q, c.block_m2), (k, c.block_n2),
                                   (v, c.block_n2), (dout, c.block_m2), (dq, c.block_m2)), pad)
-        o_tile = host_descriptors(((out, c.block_m2), ), pad) if write_delta else (None, )
-        tiles = tiles[:10] + o_tile + tiles[10:]
     # where the K/V-tile programs add dS·K: a bulk-reduce descriptor, a float32 pointer, or nothing (dq)
     acc_arg = acc
     if dq_atomic == "tma" and not is_varlen:
         acc_arg, = host_descriptors(((acc, c.block_m1),), pad)
     strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
     dq_acc_strides = _strides(acc) if dq_atomic != "none" else (0, 0, 0)
-    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1) if dkdv else 0, cdiv(seqlen_q, c.block_m2), nheads // nheads_k
+    kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1), cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
     qk_scale, softcap_scale, alibi_unit = score_scales(softmax_scale, softcap)
     args = (*tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
@@ -420,9 +406,9 @@ def _first_bwd_launch(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
                   BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
                   MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-                  DELTA_HERE=write_delta, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                  SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                   num_warps=c.num_warps, num_stages=c.num_stages)
-    slots = ["Q1", "K1", "V1", "dO1", "dK", "dV", "Q2", "K2", "V2", "dO2", "O2", "dQ", "LSE", "Delta", "dQacc",
+    slots = ["Q1", "K1", "V1", "dO1", "dK", "dV", "Q2", "K2", "V2", "dO2", "dQ", "LSE", "Delta", "dQacc",
              "cu_seqlens_q", "cu_seqlens_k", "Alibi"]
     return Replay(flash_bwd_kernel, (programs, batch * nheads_k), args, kwargs, slots)
 
