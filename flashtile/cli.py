@@ -109,8 +109,8 @@ def viz(args):
 # The kernel files of each sm90 backward design (configs.HopperBwdConfig.design), in launch order.
 BACKWARD_FILES = {"one pass": "portable/bwd.py (delta, zeroed dQ) -> hopper/bwd.py (dK, dV; dQ by the copy engine's"
                               " reduce-add) -> portable/bwd.py (dQ cast)",
-                  "two kernels": "{dq} -> hopper/bwd.py (dK, dV)",
-                  "split gradients": "{dq} -> hopper/bwd_split.py (dV, dK: a warpgroup each)"}
+                  "two kernels": "hopper/bwd_dq.py (dQ, delta) -> hopper/bwd.py (dK, dV)",
+                  "split gradients": "hopper/bwd_dq.py (dQ, delta) -> hopper/bwd_split.py (dV, dK: a warpgroup each)"}
 
 
 def backward_plans():
@@ -119,8 +119,7 @@ def backward_plans():
     from . import configs
     lines = []
     for (head_dim, causal), config in sorted(configs.BWD_HOPPER.items()):
-        dq = "hopper/bwd_dq.py (dQ, delta)" if config.dq_hopper is not None else "portable/bwd.py (dQ programs, delta)"
-        plan, exact = (BACKWARD_FILES[config.design(d)].format(dq=dq) for d in (False, True))
+        plan, exact = (BACKWARD_FILES[config.design(d)] for d in (False, True))
         lines.append(f"D={head_dim} {'causal' if causal else 'full'}: {plan}"
                      + ("" if exact == plan else f"; deterministic=True: {exact}"))
     return lines
