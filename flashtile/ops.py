@@ -146,6 +146,14 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     return dq, dk, dv
 
 
+def row_delta(out: Tensor, dout: Tensor, lse: Tensor) -> Tensor:
+    """rowsum(dO ∘ O) in float32, shaped like lse (batch, nheads, seqlen_q): flash-attn's softmax_d, by the backward's
+    own preprocess launch (O and dO read once, no float32 copies)."""
+    if out.numel() == 0:
+        return torch.zeros_like(lse)
+    return launch_preprocess(out, dout, lse, None, out.shape[1])
+
+
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
               cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
               window_left: int, window_right: int, bottom_right: bool, heads_first_out: bool,

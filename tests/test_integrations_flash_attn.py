@@ -60,3 +60,11 @@ def test_bert_padding_unpad_and_pad():
     assert rows.shape == (4, 3) and indices.tolist() == [0, 1, 2, 4] and cu_seqlens.tolist() == [0, 3, 4]
     assert longest == 3 and used.tolist() == [3, 1] and cu_seqlens.dtype == torch.int32
     assert torch.equal(back[mask.bool()], hidden[mask.bool()]) and not back[~mask.bool()].any()
+
+
+def test_softmax_d_of_no_rows():
+    """ops.row_delta (the backward's softmax_d) of a call with no query rows: an empty float32 tensor like the LSE."""
+    out = torch.empty(2, 0, 4, 32, dtype=torch.float16, device=DEVICE)
+    lse = torch.empty(2, 4, 0, device=DEVICE)
+    delta = flashtile.ops.row_delta(out, out, lse)
+    assert delta.shape == lse.shape and delta.dtype == torch.float32

@@ -48,7 +48,7 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     for target, grad in zip((dq, dk, dv), grads):
         if target is not None:
             target.copy_(grad)
-    return (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    return ops.row_delta(out, dout, softmax_lse)
 
 
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
