@@ -2,6 +2,7 @@
 bf16, B·N = 16k, H·D = 2048; each candidate's gradients checked against the first's.
 Run on the GPU: ``PYTHONPATH=. python scripts/bwd_hopper_sweep.py [--head-dims 64 256] [--json PATH]``."""
 import argparse
+import dataclasses
 import json
 import math
 
@@ -19,9 +20,10 @@ CANDIDATES = {
         "two kernels, dQ 128 keys": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128)),
         "one pass, ring 3": HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
         "one pass, ring 2": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
+        "one pass, 128 rows a step": configs.BWD_HOPPER[(64, False)],
     },
     128: {
-        "two kernels": configs.BWD_HOPPER[(128, True)],
+        "two kernels": dataclasses.replace(configs.BWD_HOPPER[(128, False)], single_pass=False),
         "one pass": configs.BWD_HOPPER[(128, False)],
     },
     256: {
