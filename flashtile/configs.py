@@ -95,7 +95,7 @@ class HopperBwdConfig:
     split_gradients: bool = False  # one warpgroup computes dV, the other dK, of the same keys (hopper/bwd_split.py)
 
     def design(self, deterministic=False):
-        """How kernels/bwd_hopper.launch_bwd_hopper runs a call: "one pass", "two kernels" (dQ, then dK and dV) or
+        """How kernels/hopper/bwd.launch_bwd_hopper runs a call: "one pass", "two kernels" (dQ, then dK and dV) or
         "split gradients" (dQ, then dK and dV by a warpgroup each)."""
         if self.single_pass and not deterministic:
             return "one pass"

@@ -1,5 +1,5 @@
 """The sm90 backward with its shipped config against the same config with some fields changed, in one process,
-taking turns (kernels/bwd_hopper.launch_bwd_hopper, every launch of it):
+taking turns (kernels/hopper/bwd.launch_bwd_hopper, every launch of it):
 
     PYTHONPATH=. python3 scripts/bwd_design_ab.py single_pass=1 --masks causal [--head-dims 64 128]
     PYTHONPATH=. python3 scripts/bwd_design_ab.py portable --masks full --seqlens 1024 2048
