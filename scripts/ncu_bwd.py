@@ -5,6 +5,8 @@ where the sm90 backward's warps stall):
         python scripts/ncu_bwd.py --seqlen 16384 --head-dim 128
     ncu --import bwd.ncu-rep --page source --csv --print-source sass > bwd-sass.csv
     python scripts/ncu_stalls.py bwd-sass.csv 25
+
+``--peer FA4`` runs FA4's instead (flash_attn.cute, importable as ../shared/anchors/FA4.md installs it).
 """
 import argparse
 
@@ -19,14 +21,22 @@ def main():
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--peer", choices=["flashtile", "FA4"], default="flashtile")
     args = parser.parse_args()
     n, d = args.seqlen, args.head_dim
     q, k, v = (torch.randn(TOKENS // n, n, HIDDEN // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     dout = torch.randn_like(q)
 
+    attention = flashtile.flash_attn_func
+    if args.peer == "FA4":
+        from flash_attn.cute.interface import flash_attn_func as fa4
+
+        def attention(q, k, v, causal):
+            return fa4(q, k, v, causal=causal)[0]
+
     def step():
-        torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=args.causal), (q, k, v), dout)
+        torch.autograd.grad(attention(q, k, v, causal=args.causal), (q, k, v), dout)
     for _ in range(3):  # compile and warm up outside the window
         step()
     torch.cuda.synchronize()
