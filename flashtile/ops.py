@@ -106,17 +106,20 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                        window_size: tuple[int, int], bottom_right: bool, deterministic: bool,
                        cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
                        max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, config: object = None,
-                       softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
-                       dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+                       softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, dlse: Optional[Tensor] = None,
+                       grads_out: tuple = (None, None, None), return_delta: bool = False) -> tuple[Tensor, ...]:
     """Gradients (dq, dk, dv), shaped like q, k, v. ``deterministic`` computes dQ in its own pass, with
     no atomics, so that every gradient is bitwise reproducible. ``dlse`` (shaped like lse, or None) is the
-    gradient reaching the LSE: since d lse_i / d s_ij = P_ij, it enters as delta − dlse wherever delta does."""
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
-    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    gradient reaching the LSE: since d lse_i / d s_ij = P_ij, it enters as delta − dlse wherever delta does.
+    ``grads_out``: tensors the gradients may be written into (each used where it is contiguous, 16-byte aligned and
+    shaped like its input, else a new one); ``return_delta`` appends the float32 delta (rowsum(dO ∘ O) − dlse,
+    shaped like lse) that the kernels used."""
+    dq, dk, dv = (g if _writable_like(g, t) else torch.empty(t.shape, device=t.device, dtype=t.dtype)
+                  for g, t in zip(grads_out, (q, k, v)))
     seqlen_k = max_seqlen_k if cu_seqlens_q is not None else k.shape[1]
-    if q.numel() == 0 or k.numel() == 0 or seqlen_k == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+    if q.numel() == 0 or k.numel() == 0 or seqlen_k == 0:  # O = 0, so delta = −dlse
+        grads = dq.zero_(), dk.zero_(), dv.zero_()
+        return grads + ((torch.zeros_like(lse) if dlse is None else -dlse.float()), ) if return_delta else grads
     if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
         dk.zero_()
         dv.zero_()
@@ -131,25 +134,23 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
         plan = dispatch.Plan("portable/bwd.py", config)
     if plan.kernel == "hopper/bwd.py":
         from .kernels.hopper.bwd import launch_bwd_hopper
-        launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
-                          bottom_right, deterministic, plan.config, dlse=dlse)
-        return dq, dk, dv
-    delta = None
-    if dlse is not None:
-        seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
-        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
+        delta = launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
+                                  bottom_right, deterministic, plan.config, dlse=dlse)
+        return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
+    seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
+    delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, plan.config, delta=delta, softcap=softcap,
+               softmax_scale, window_size, bottom_right, deterministic, plan.config, delta, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))
     if cu_seqlens_q is not None:  # query rows past the last sequence
         launch_zero_unused_rows(dq, cu_seqlens_q)
-    return dq, dk, dv
+    return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
 
 
-def row_delta(out: Tensor, dout: Tensor, lse: Tensor) -> Tensor:
-    """rowsum(dO ∘ O) in float32, shaped like lse (batch, nheads, seqlen_q): flash-attn's softmax_d, by the backward's
-    own preprocess launch (O and dO read once, no float32 copies; Triton's launcher skips an empty grid)."""
-    return launch_preprocess(out, dout, lse, None, out.shape[1])
+def _writable_like(g: Optional[Tensor], t: Tensor) -> bool:
+    """Whether the kernels can write t's gradient into g as into a new tensor like t."""
+    return (g is not None and g.shape == t.shape and g.dtype == t.dtype and g.device == t.device and g.is_contiguous()
+            and g.data_ptr() % 16 == 0)
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],

@@ -62,10 +62,11 @@ def main():
             out, lse = ops.attention_forward(q, k, v, d ** -0.5, window, True)
             cfg = dispatch.bwd_config(head_dim_pad(d), causal, 2, (9, 0), False)
             grads = {name: [torch.empty_like(t) for t in (q, k, v)] for name in ("new", "old")}
+            delta = ops.launch_preprocess(out, dout, lse, None, n)
 
             def run(module, name):
                 return lambda: module.launch_bwd(dout, q, k, v, out, lse, *grads[name], None, None, None, None,
-                                                 d ** -0.5, window, True, False, cfg)
+                                                 d ** -0.5, window, True, False, cfg, delta)
             runs = {"new": run(new_bwd, "new"), "old": run(old_bwd, "old")}
             ms = median_ms(runs, args.rounds)
             for a, b_ in zip(grads["new"], grads["old"]):

@@ -320,6 +320,28 @@ def test_opcheck():
                                     True, False))
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_gradients_into_given_tensors_and_the_delta_used(deterministic):
+    """ops.attention_backward(grads_out=, return_delta=True): contiguous tensors are written and returned as the
+    gradients, a strided one is replaced by a new tensor; the gradients equal a plain call's; the delta returned is
+    rowsum(dO ∘ O) − dLSE."""
+    q = randn(2, 37, 4, 32, dtype=torch.float16)
+    k, v = (randn(2, 50, 2, 32, dtype=torch.float16) for _ in range(2))
+    dout = randn(2, 37, 4, 32, dtype=torch.float16)
+    out, lse = ops.attention_forward(q, k, v, 32 ** -0.5, (-1, 0), True)
+    dlse = torch.randn_like(lse)
+    args = (dout, q, k, v, out, lse, 32 ** -0.5, (-1, 0), True, deterministic)
+    want = ops.attention_backward(*args, dlse=dlse)
+    given = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")),
+             torch.full(v.transpose(1, 2).shape, float("nan"), dtype=v.dtype, device=DEVICE).transpose(1, 2))
+    *got, delta = ops.attention_backward(*args, dlse=dlse, grads_out=given, return_delta=True)
+    assert got[0] is given[0] and got[1] is given[1] and got[2] is not given[2]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    torch.testing.assert_close(delta, rowsum - dlse, atol=1e-3, rtol=1e-3)
+
+
 def test_preprocess_subtracts_the_lse_gradient():
     """launch_preprocess(..., dlse=): delta − dLSE in the same launch, whatever strides the gradient comes with (a
     transposed one, an expanded one with stride 0), batch and packed."""

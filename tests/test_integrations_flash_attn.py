@@ -26,10 +26,12 @@ def test_install_then_uninstall_restores_what_was_there():
             importlib.import_module("flash_attn")
 
 
+@pytest.mark.parametrize("buffers", ["contiguous", "strided"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_private_forward_and_backward_equal_flash_attn_func(causal):
+def test_private_forward_and_backward_equal_flash_attn_func(causal, buffers):
     """_flash_attn_forward / _flash_attn_backward as ring-flash-attention calls them: out and LSE, then dq, dk, dv
-    written into the given buffers, equal to flash_attn_func's forward and autograd (GQA, Nq != Nk)."""
+    written into the given buffers (contiguous ones by the kernels, strided ones copied into), equal to
+    flash_attn_func's forward and autograd (GQA, Nq != Nk); softmax_d, the delta the kernels used."""
     q = randn(2, 21, 4, 32, dtype=torch.float16)
     k, v = (randn(2, 30, 2, 32, dtype=torch.float16) for _ in range(2))
     dout = randn(2, 21, 4, 32, dtype=torch.float16)
@@ -40,6 +42,8 @@ def test_private_forward_and_backward_equal_flash_attn_func(causal):
         from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
         out, lse, _, _ = _flash_attn_forward(q, k, v, 0.0, 32 ** -0.5, causal, -1, -1, 0.0, None, False)
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        if buffers == "strided":  # the same shapes, heads outermost in memory
+            grads = [g.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for g in grads]
         delta = _flash_attn_backward(dout, q, k, v, out, lse, *grads, 0.0, 32 ** -0.5, causal, -1, -1, 0.0, None,
                                      False)
         with pytest.raises(NotImplementedError, match="dropout_p"):
@@ -63,8 +67,14 @@ def test_bert_padding_unpad_and_pad():
 
 
 def test_softmax_d_of_no_rows():
-    """ops.row_delta (the backward's softmax_d) of a call with no query rows: an empty float32 tensor like the LSE."""
-    out = torch.empty(2, 0, 4, 32, dtype=torch.float16, device=DEVICE)
+    """_flash_attn_backward of a call with no query rows: zero gradients, softmax_d an empty float32 tensor like the
+    LSE."""
+    q = torch.empty(2, 0, 4, 32, dtype=torch.float16, device=DEVICE)
+    k = randn(2, 5, 4, 32, dtype=torch.float16)
     lse = torch.empty(2, 4, 0, device=DEVICE)
-    delta = flashtile.ops.row_delta(out, out, lse)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, k)]
+    with shim.installed():
+        from flash_attn.flash_attn_interface import _flash_attn_backward
+        delta = _flash_attn_backward(q, q, k, k, q, lse, *grads, 0.0, None, False, -1, -1, 0.0, None, False)
     assert delta.shape == lse.shape and delta.dtype == torch.float32
+    assert not grads[1].any() and not grads[2].any()

@@ -39,16 +39,18 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
                          window_size_left, window_size_right, softcap, alibi_slopes, deterministic, rng_state=None):
-    """flash-attn 2.6's backward kernel call: dq, dk, dv written in place; returns softmax_d (rowsum(dO ∘ O))."""
+    """flash-attn 2.6's backward kernel call: dq, dk, dv written in place (by the kernels where they take them:
+    contiguous, else copied); returns softmax_d (rowsum(dO ∘ O)), the delta the kernels computed."""
     checks.not_implemented(dropout_p=dropout_p)
     window = checks.window((window_size_left, window_size_right), causal)
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
-    grads = ops.attention_backward(dout, q, k, v, out, softmax_lse, scale, window, True, deterministic,
-                                   softcap=softcap, alibi_slopes=alibi_slopes)
+    *grads, delta = ops.attention_backward(dout, q, k, v, out, softmax_lse, scale, window, True, deterministic,
+                                           softcap=softcap, alibi_slopes=alibi_slopes, grads_out=(dq, dk, dv),
+                                           return_delta=True)
     for target, grad in zip((dq, dk, dv), grads):
-        if target is not None:
+        if target is not None and target is not grad:
             target.copy_(grad)
-    return ops.row_delta(out, dout, softmax_lse)
+    return delta
 
 
 def unpad_input(hidden_states, attention_mask, unused_mask=None):

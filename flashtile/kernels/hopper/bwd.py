@@ -349,7 +349,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
     or by kernels/hopper/bwd_split.py with ``config.split_gradients``). ``config`` a configs.HopperBwdConfig.
     ``dlse``, the LSE's gradient (or None), enters as delta − dlse, which the preprocess launch computes in one pass
-    for either design."""
+    for either design. Returns delta (− dlse), as the kernels used it."""
     from ... import configs
     from ..portable.bwd import launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
@@ -358,13 +358,14 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
         delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config), dlse=dlse)
         _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc)
         launch_dq_cast(dq_acc, dq, softmax_scale)
-        return
+        return delta
     from .bwd_dq import launch_dq_hopper
     delta_in = dlse is not None
     delta = launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in else torch.empty_like(lse)
     launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
                      delta_in)
     _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
+    return delta
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None):

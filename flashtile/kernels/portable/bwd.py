@@ -351,13 +351,10 @@ def launch_dq_cast(dq_acc, dq, scale):
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, config, delta=None, softcap=0.0,
+               softmax_scale, window_size, bottom_right, deterministic, config, delta, softcap=0.0,
                alibi_slopes=None):
-    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``; ``delta`` where the caller
-    computed it (delta − dLSE), else a preprocess launch does."""
-    if delta is None:
-        seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
-        delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q)
+    """Gradients into dq, dk, dv (shaped like q, k, v). Tensors as in ``launch_fwd``; ``delta`` from
+    launch_preprocess (delta − dLSE)."""
     dq_atomic = "none" if deterministic else config.dq_atomic
     dq_acc = None if dq_atomic == "none" else torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     tensors = (q, k, v, dout, dk, dv, q, k, v, dout, dq, lse, delta, dq if dq_acc is None else dq_acc, cu_seqlens_q,
