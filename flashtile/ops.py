@@ -254,14 +254,15 @@ def pad_head_dim(*tensors):
     return tensors if not extra else tuple(F.pad(t, (0, extra)) for t in tensors)
 
 
-def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k):
-    """Packed (total_k, nheads_k, headdim) keys and values of the sequences whose keys sit in pages (num_pages,
+def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k, rows=None):
+    """Packed (rows, nheads_k, headdim) keys and values of the sequences whose keys sit in pages (num_pages,
     page_size, nheads_k, headdim) listed by block_table (batch, max_pages): sequence b's key j is in page
-    block_table[b, j // page_size] at slot j % page_size. Page ids are clamped into the pool. Reads
-    cu_seqlens_k[-1] back to size the result: a host sync for a GPU tensor."""
+    block_table[b, j // page_size] at slot j % page_size, at row cu_seqlens_k[b] + j. Page ids are clamped into the
+    pool. ``rows``: at least cu_seqlens_k[-1] (batch · max_seqlen_k; the rows past the last sequence hold copies no
+    kernel reads), or None to read cu_seqlens_k[-1] back (a host sync for a GPU tensor)."""
     page_size = k_pages.shape[1]
     cu = cu_seqlens_k.long()
-    position = torch.arange(int(cu[-1]), device=k_pages.device)
+    position = torch.arange(int(cu[-1]) if rows is None else rows, device=k_pages.device)
     seq = torch.searchsorted(cu[1:], position, right=True).clamp_(max=block_table.shape[0] - 1)  # [total_k]
     j = position - cu[seq]
     column = (j // page_size).clamp_(0, block_table.shape[1] - 1)

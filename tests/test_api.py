@@ -52,10 +52,12 @@ def test_packed_shapes_are_checked_by_name():
         flashtile.flash_attn_varlen_qkvpacked_func([q], None, 8)
 
 
+@pytest.mark.parametrize("max_seqlen_k", [16, 21], ids=["max-exact", "max-above"])
 @pytest.mark.parametrize("page_size", [4, 16])
-def test_varlen_with_block_table_equals_packed_keys(page_size):
+def test_varlen_with_block_table_equals_packed_keys(page_size, max_seqlen_k):
     """flash_attn_varlen_func(..., block_table=): keys and values in pages, shuffled in the pool, give the same
-    output and gradients (into the pages) as the same keys packed."""
+    output as the same keys packed, whether max_seqlen_k is the longest sequence or above it (the gathered keys
+    then run past the last sequence's)."""
     cu_q = torch.tensor([0, 3, 10], dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0, 13, 29], dtype=torch.int32, device=DEVICE)
     q = randn(10, 4, 32, dtype=torch.float16)
@@ -69,7 +71,8 @@ def test_varlen_with_block_table_equals_packed_keys(page_size):
             page, slot = int(table[b, j // page_size]), j % page_size
             k_pages[page, slot], v_pages[page, slot] = k[cu_k[b] + j], v[cu_k[b] + j]
     want = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 16, causal=True)
-    got = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, 16, causal=True, block_table=table)
+    got = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, max_seqlen_k, causal=True,
+                                           block_table=table)
     assert torch.equal(got, want)
     with pytest.raises(TypeError, match="block_table must be int32"):
         flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 7, 16, block_table=table.long())

@@ -366,7 +366,7 @@ def test_default_decode_reads_no_index_back_and_stays_inside(layout, monkeypatch
 def test_default_settings_never_sync_the_host():
     """With the defaults no entry point reads a device tensor back to the host (torch's sync debug mode raises on any
     synchronizing call): flash_attn_func, forward and backward on each sm90 backward design (D=64 one pass, D=128
-    causal two kernels, D=256 one warpgroup per gradient), the packed varlen forward and backward,
+    causal two kernels, D=256 one warpgroup per gradient), the packed varlen forward and backward, paged varlen,
     flash_attn_with_kvcache on contiguous and paged caches with every index tensor and new tokens, SDPA, combine. The
     first call of each shape compiles and may allocate; the second is the one that must not sync."""
     q, k, v = (randn(2, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
@@ -386,6 +386,8 @@ def test_default_settings_never_sync_the_host():
         lambda: flashtile.flash_attn_func(q, k, v, causal=True),
         step(1, 4096, 64, False), step(1, 2048, 128, True), step(2, 300, 256, False),
         lambda: flashtile.flash_attn_varlen_func(qp, kp, vp, cu, cu, 300, 300, causal=True).sum().backward(),
+        lambda: flashtile.flash_attn_varlen_func(qp, k_pages, v_pages, cu, cu, 300, 300, causal=True,
+                                                 block_table=table[:3]),
         lambda: flashtile.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
         lambda: flashtile.flash_attn_with_kvcache(qd, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
                                                  cache_batch_idx=rows, cache_leftpad=pads, rotary_cos=cos,
