@@ -1,5 +1,5 @@
 """Screenshots of each visualization page for the docs (headless Chromium):
-    python scripts/screenshots.py  ->  docs/viz-<algo>.png, docs/viz-playground.png"""
+    python scripts/screenshots.py  ->  docs/viz-<algo>.png (each of PAGES), docs/viz-playground.png"""
 import tempfile
 from pathlib import Path
 
@@ -11,7 +11,8 @@ from flashtile.trace import trace
 from flashtile.viz import playground, render
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PAGES = {"naive": (False, 20), "softmax": (False, 12), "fa1": (True, 25), "fa2": (True, 14), "decode": (False, 14)}
+PAGES = {"naive": (False, 20), "softmax": (False, 12), "fa1": (True, 25), "fa2": (True, 14), "fa2_bwd": (True, 40),
+         "decode": (False, 14)}
 
 
 def main():
