@@ -21,6 +21,15 @@ from flashtile.kernels.portable.decode import flash_decode_split_kernel, merge_r
 from flashtile.kernels.portable.fwd import flash_fwd_kernel
 
 FLOATS = {"qk_scale", "softmax_scale", "softcap_scale", "alibi_unit"}
+I32 = "i32"
+BUNDLES = {  # the portable kernels' tuple arguments: their elements' types
+    "flash_bwd_kernel": dict(qkv_strides=(I32, ) * 8, grad_strides=(I32, ) * 6, lse_strides=(I32, ) * 2,
+                             dq_acc_strides=(I32, ) * 3, sizes=(I32, ) * 6, scales=("fp32", ) * 4 + (I32, ),
+                             band=(I32, ) * 2),
+    "flash_decode_split_kernel": dict(q_strides=(I32, ) * 3, kv_strides=(I32, ) * 6,
+                                      part_strides=(I32, ) * 8, out_strides=(I32, ) * 5, sizes=(I32, ) * 5,
+                                      paging=(I32, ) * 3, scales=("fp32", ) * 3 + (I32, ), band=(I32, ) * 2),
+}
 TARGET = GPUTarget("cuda", 90, 32)
 
 
@@ -32,6 +41,8 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
     for name in kernel.arg_names:
         if name in consts:
             sig[name] = "constexpr"
+        elif name in BUNDLES.get(kernel.__name__, {}):
+            sig[name] = BUNDLES[kernel.__name__][name]
         elif name in tensors:
             kind = "fp32" if name == "dQacc" else dtype
             box = f"{heads}, {tensors[name]}" if heads > 1 else f"{tensors[name]}, 1"

@@ -271,10 +271,7 @@ def _dq_program(pid_m, b, h, h_k, Q, K, V, dO, dQ, LSE, Delta, cu_seqlens_q, cu_
 @triton.jit
 def flash_bwd_kernel(
     Q1, K1, V1, dO1, dK, dV, Q2, K2, V2, dO2, dQ, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k, Alibi,
-    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh,
-    stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh, stride_lb, stride_lh,
-    stride_dqab, stride_dqan, stride_dqah, stride_alibi_b, seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles,
-    qk_scale, softmax_scale, softcap_scale, alibi_unit, left, right,
+    qkv_strides, grad_strides, lse_strides, dq_acc_strides, sizes, scales, band,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, DQ_ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -283,12 +280,18 @@ def flash_bwd_kernel(
     """Grid (kv_tiles [+ group · q_tiles], batch · nheads_k). The first kv_tiles programs own a K/V tile
     (Q1, K1, V1, dO1 in its tile shapes), heaviest first; with DQ_ATOMIC == "none" the rest own a Q tile of
     one head of the group (Q2, K2, V2, dO2), heaviest first, so both halves of the backward share one launch.
-    Neighbouring programs share a head, so its Q, dO (and K, V) tiles are read from L2 by several programs."""
+    Neighbouring programs share a head, so its Q, dO (and K, V) tiles are read from L2 by several programs.
+    Bundles: qkv_strides (token and head strides of Q, K, V, dO), grad_strides (of dK, dV, dQ), lse_strides (batch,
+    head), dq_acc_strides (batch, token, head), sizes (seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles),
+    scales (qk_scale, softmax_scale, softcap_scale, alibi_unit, Alibi's batch stride), band (left, right)."""
+    seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles = sizes
+    stride_dkn, stride_dkh, stride_dvn, stride_dvh, stride_dqn, stride_dqh = grad_strides
+    stride_dqab, stride_dqan, stride_dqah = dq_acc_strides
+    qk_scale, softmax_scale, softcap_scale, alibi_unit, stride_alibi_b = scales
+    left, right = band
     pid = tl.program_id(0)
     b = tl.program_id(1) // nheads_k
     h_k = tl.program_id(1) % nheads_k
-    qkv_strides = (stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_don, stride_doh)
-    lse_strides = (stride_lb, stride_lh)
     mods = (qk_scale, softcap_scale, alibi_unit, Alibi, stride_alibi_b, left, right)  # the scores' modifiers, band
     if pid < kv_tiles:
         _dkdv_program(pid, b, h_k, Q1, K1, V1, dO1, dK, dV, LSE, Delta, dQacc, cu_seqlens_q, cu_seqlens_k, qkv_strides,
@@ -391,15 +394,15 @@ def _first_bwd_launch(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window
     acc_arg = acc
     if dq_atomic == "tma" and not is_varlen:
         acc_arg, = host_descriptors(((acc, c.block_m1),), pad)
-    strides = [s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2))]
+    strides = tuple(s for t in (q, k, v, dout, dk, dv, dq) for s in (t.stride(-3), t.stride(-2)))
     dq_acc_strides = _strides(acc) if dq_atomic != "none" else (0, 0, 0)
     kv_tiles, q_tiles, group = cdiv(seqlen_k, c.block_n1), cdiv(seqlen_q, c.block_m2), nheads // nheads_k
     programs = kv_tiles + (group * q_tiles if dq_atomic == "none" else 0)
     qk_scale, softcap_scale, alibi_unit = score_scales(softmax_scale, softcap)
-    args = (*tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
-            *dq_acc_strides, alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles, qk_scale, softmax_scale, softcap_scale, alibi_unit,
-            max(left, 0), max(right, 0))
+    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
+    args = (*tiles, lse, delta, acc_arg, cu_seqlens_q, cu_seqlens_k, alibi_slopes, strides[:8], strides[8:],
+            tuple(lse_strides), tuple(dq_acc_strides), (seqlen_q, seqlen_k, nheads_k, group, kv_tiles, q_tiles),
+            (qk_scale, softmax_scale, softcap_scale, alibi_unit, alibi_b), (max(left, 0), max(right, 0)))
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
                   BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
                   MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",

@@ -27,10 +27,7 @@ from ..common.tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_add
 @triton.jit
 def flash_decode_split_kernel(
     Q, K, V, Part, Out, LSE, arrivals, cache_seqlens, block_table, batch_idx, cache_leftpad, Alibi,
-    stride_qb, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, stride_out_b, stride_out_t,
-    stride_out_h, stride_lse_b, stride_lse_h, stride_bt, stride_alibi_b, lse_part_start, seqlen_q, seqlen_new,
-    nheads_k, page_size, chunk, capacity, cache_rows, qk_scale, softcap_scale, alibi_unit, left, right,
+    q_strides, kv_strides, part_strides, out_strides, sizes, paging, scales, band,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_TMA: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
@@ -49,7 +46,20 @@ def flash_decode_split_kernel(
     cap · tanh(scale · q·k / cap)). With HAS_ALIBI each score gets −slope · |i + diag − j| (query i, key j), in
     units of the logit (alibi_unit = 1 / (cap or scale)). Every index read from memory is clamped into its tensor
     (lengths to the ``capacity`` keys a sequence's cache holds, rows and pages to the cache's ``cache_rows``): no
-    value of cache_seqlens, cache_leftpad, cache_batch_idx or block_table makes it read outside them."""
+    value of cache_seqlens, cache_leftpad, cache_batch_idx or block_table makes it read outside them.
+    Bundles: q_strides (batch, token, head), kv_strides (K's, then V's: page or batch, token, head), part_strides
+    (Part's O: split, batch, token, head; its LSE: split, batch, head; where its LSE starts), out_strides (Out: batch,
+    token, head; LSE: batch, head), sizes (seqlen_q, seqlen_new, nheads_k, chunk, capacity), paging (page_size,
+    cache_rows, block_table's row stride), scales (qk_scale, softcap_scale, alibi_unit, Alibi's batch stride), band
+    (left, right)."""
+    stride_qb, stride_qt, stride_qh = q_strides
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh = kv_strides
+    stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh, lse_part_start = part_strides
+    stride_out_b, stride_out_t, stride_out_h, stride_lse_b, stride_lse_h = out_strides
+    seqlen_q, seqlen_new, nheads_k, chunk, capacity = sizes
+    page_size, cache_rows, stride_bt = paging
+    qk_scale, softcap_scale, alibi_unit, stride_alibi_b = scales
+    left, right = band
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // (nheads_k // HEADS)).to(tl.int64)
@@ -390,12 +400,14 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     part_strides = (rows * head_dim, seqlen_q * nheads * head_dim, nheads * head_dim, head_dim, rows,
                     nheads * seqlen_q, seqlen_q)
     grid = (num_splits, batch * nheads_k // config.heads, cdiv(group * seqlen_q, block_m))
+    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
     args = (q, k_arg, v_arg, part, out, lse, arrivals, cache_seqlens, block_table, batch_idx, leftpad,
-            alibi_slopes, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
-            *out.stride()[:3], *((0, 0) if lse is None else lse.stride()[:2]), block_table.stride(0) if paged else 0,
-            alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            num_splits * rows * head_dim, seqlen_q, seqlen_new, nheads_k, page_size, chunk, capacity, k_cache.shape[0],
-            *score_scales(softmax_scale, softcap), max(left, 0), max(right, 0))
+            alibi_slopes, tuple(q.stride()[:3]), tuple(k_cache.stride()[:3]) + tuple(v_cache.stride()[:3]),
+            part_strides + (num_splits * rows * head_dim, ),
+            tuple(out.stride()[:3]) + ((0, 0) if lse is None else tuple(lse.stride()[:2])),
+            (seqlen_q, seqlen_new, nheads_k, chunk, capacity),
+            (page_size, k_cache.shape[0], block_table.stride(0) if paged else 0),
+            (*score_scales(softmax_scale, softcap), alibi_b), (max(left, 0), max(right, 0)))
     block_s = max(2, next_pow2(num_splits))
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
