@@ -68,8 +68,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     sequence and get out = 0, LSE = -inf (and dq = 0). ``max_seqlen_q``, ``max_seqlen_k``: ints or 0-d integer
     tensors. Returns out, or (out, softmax_lse [nheads, total_q], None) with ``return_attn_probs``. With
     ``block_table`` (batch, max_pages) int32, k and v are pages (num_pages, page_size, nheads_k, headdim), as
-    flash-attn's paged prefill: they are gathered into batch · max_seqlen_k packed keys first (a copy; no host sync
-    where max_seqlen_k is an int).
+    flash-attn's paged prefill: they are gathered into batch · max_seqlen_k packed keys first (a copy, sized without
+    reading cu_seqlens_k back).
     ``learnable_sink`` as in flash_attn_func.
     """
     checks.not_implemented(dropout_p=dropout_p)
@@ -78,9 +78,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            q.device)
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4):
             raise ValueError("with block_table, k and v must be pages (num_pages, page_size, nheads_k, headdim)")
-        rows = (block_table.shape[0] * max_seqlen_k if isinstance(max_seqlen_k, int) and max_seqlen_k >= 0
-                else None)
-        k, v = ops.gather_pages(k, v, block_table, cu_seqlens_k, rows)
+        max_seqlen_k = checks.host_int("max_seqlen_k", max_seqlen_k)  # (checked below with the gathered keys)
+        k, v = ops.gather_pages(k, v, block_table, cu_seqlens_k, block_table.shape[0] * max(max_seqlen_k, 0))
     checks.qkv(q, k, v, packed=True)
     max_seqlen_q = checks.cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q.device)
     max_seqlen_k = checks.cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q.device)

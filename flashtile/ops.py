@@ -117,9 +117,20 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     dq, dk, dv = (g if _writable_like(g, t) else torch.empty(t.shape, device=t.device, dtype=t.dtype)
                   for g, t in zip(grads_out, (q, k, v)))
     seqlen_k = max_seqlen_k if cu_seqlens_q is not None else k.shape[1]
-    if q.numel() == 0 or k.numel() == 0 or seqlen_k == 0:  # O = 0, so delta = −dlse
-        grads = dq.zero_(), dk.zero_(), dv.zero_()
-        return grads + ((torch.zeros_like(lse) if dlse is None else -dlse.float()), ) if return_delta else grads
+    if q.numel() == 0 or k.numel() == 0 or seqlen_k == 0:
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        delta = torch.zeros_like(lse) if dlse is None else -dlse.float()  # O = 0
+    else:
+        delta = _launch_backward(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right,
+                                 deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config,
+                                 softcap, alibi_slopes, dlse)
+    return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
+
+
+def _launch_backward(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right, deterministic,
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config, softcap, alibi_slopes, dlse):
+    """attention_backward's launches for a call with queries and keys: gradients into dq, dk, dv; returns delta."""
     if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
         dk.zero_()
         dv.zero_()
@@ -134,9 +145,8 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
         plan = dispatch.Plan("portable/bwd.py", config)
     if plan.kernel == "hopper/bwd.py":
         from .kernels.hopper.bwd import launch_bwd_hopper
-        delta = launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
-                                  bottom_right, deterministic, plan.config, dlse=dlse)
-        return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
+        return launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
+                                 bottom_right, deterministic, plan.config, dlse=dlse)
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
     delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -144,7 +154,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                alibi_slopes=_unit_last_stride(alibi_slopes))
     if cu_seqlens_q is not None:  # query rows past the last sequence
         launch_zero_unused_rows(dq, cu_seqlens_q)
-    return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
+    return delta
 
 
 def _writable_like(g: Optional[Tensor], t: Tensor) -> bool:
@@ -254,15 +264,15 @@ def pad_head_dim(*tensors):
     return tensors if not extra else tuple(F.pad(t, (0, extra)) for t in tensors)
 
 
-def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k, rows=None):
+def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k, rows):
     """Packed (rows, nheads_k, headdim) keys and values of the sequences whose keys sit in pages (num_pages,
     page_size, nheads_k, headdim) listed by block_table (batch, max_pages): sequence b's key j is in page
     block_table[b, j // page_size] at slot j % page_size, at row cu_seqlens_k[b] + j. Page ids are clamped into the
-    pool. ``rows``: at least cu_seqlens_k[-1] (batch · max_seqlen_k; the rows past the last sequence hold copies no
-    kernel reads), or None to read cu_seqlens_k[-1] back (a host sync for a GPU tensor)."""
+    pool. ``rows``: at least cu_seqlens_k[-1], e.g. batch · max_seqlen_k (the rows past the last sequence hold
+    copies no kernel reads), so that nothing is read back to the host."""
     page_size = k_pages.shape[1]
     cu = cu_seqlens_k.long()
-    position = torch.arange(int(cu[-1]) if rows is None else rows, device=k_pages.device)
+    position = torch.arange(rows, device=k_pages.device)
     seq = torch.searchsorted(cu[1:], position, right=True).clamp_(max=block_table.shape[0] - 1)  # [total_k]
     j = position - cu[seq]
     column = (j // page_size).clamp_(0, block_table.shape[1] - 1)

@@ -31,16 +31,19 @@ def load_old(path, name="_bwd_old", package="flashtile.kernels.portable"):
     return module
 
 
-def median_ms(runs, rounds):
+def median_ms(runs, rounds, warmup=25, rep=100, after=None):
     """{name: median over ``rounds`` turns of do_bench's median ms} of ``runs`` {name: fn}, each called once first
-    (compile, allocate); each turn runs them all, in an order that moves by one each turn."""
+    (compile, allocate); each turn runs them all, in an order that moves by one each turn; ``after(name)`` (if given)
+    right after each timing."""
     names = list(runs)
     times = {name: [] for name in names}
     for name in names:
         runs[name]()
     for turn in range(rounds):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
-            times[name].append(triton.testing.do_bench(runs[name], warmup=25, rep=100, return_mode="median"))
+            times[name].append(triton.testing.do_bench(runs[name], warmup=warmup, rep=rep, return_mode="median"))
+            if after:
+                after(name)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

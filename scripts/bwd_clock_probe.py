@@ -4,18 +4,17 @@ lost to cycles or to the power limit? One process, taking turns, each on its own
     PYTHONPATH=. python3 scripts/bwd_clock_probe.py [--head-dims 64 128] [--seqlens 1024 16384] [--rounds 3]
 
 Times torch.autograd.grad of each one's output (the backward's launches only, the graph kept), do_bench medians,
-the median over turns, and reads nvidia-smi's SM clock and power right after each one's turns; prints a markdown row
-per (D, causal, N): TFLOP/s, MHz, W of each and their ratios.
+the median over turns (bwd_ab.median_ms), and reads nvidia-smi's SM clock and power right after each one's turns;
+prints a markdown row per (D, causal, N): TFLOP/s, MHz, W of each and their ratios.
 """
 import argparse
-import statistics
 import subprocess
 
 import torch
-import triton
+from bwd_ab import median_ms
 
-import flashtile
 from flashtile.bench.__main__ import HIDDEN, TOKENS
+from flashtile.bench.peers import FORWARD
 
 
 def clocks():
@@ -26,13 +25,14 @@ def clocks():
 
 
 def peers():
-    found = {"flashtile": lambda q, k, v, causal: flashtile.flash_attn_func(q, k, v, causal=causal)}
+    """flashtile, and FA4 where it imports: the bench's peers (flashtile.bench.peers)."""
+    names = ["flashtile"]
     try:
-        from flash_attn.cute.interface import flash_attn_func as fa4
-        found["FA4"] = lambda q, k, v, causal: fa4(q, k, v, causal=causal)[0]
+        import flash_attn.cute.interface  # noqa: F401
+        names.append("FA4")
     except ImportError:
         pass
-    return found
+    return names
 
 
 def main():
@@ -41,8 +41,7 @@ def main():
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 16384])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    fns = peers()
-    names = list(fns)
+    names = peers()
     print("| D | causal | N | " + " | ".join(f"{n} TFLOP/s | {n} MHz, W" for n in names)
           + " | TFLOP/s ratio | MHz ratio |")
     print("|---|---|---|" + "---|---|" * len(names) + "---|---|")
@@ -50,22 +49,20 @@ def main():
         for causal in (False, True):
             for n in args.seqlens:
                 b, h = max(1, TOKENS // n), HIDDEN // d
-                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                           for _ in range(3))
+                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 dout = torch.randn_like(q)
                 runs = {}
-                for name, fn in fns.items():
-                    out = fn(q, k, v, causal)
-                    runs[name] = (lambda out: lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))(out)
-                    runs[name]()
-                ms, seen = {name: [] for name in names}, {}
-                for turn in range(args.rounds):
-                    for name in names[turn % len(names):] + names[:turn % len(names)]:
-                        ms[name].append(triton.testing.do_bench(runs[name], warmup=100, rep=500,
-                                                                return_mode="median"))
-                        seen[name] = clocks()
+                for name in names:
+                    prepare, run = FORWARD[name](causal)
+                    leaves = [t.requires_grad_() for t in prepare(q, k, v)]
+                    out = run(*leaves)
+                    runs[name] = (lambda out, leaves: lambda: torch.autograd.grad(out, leaves, dout,
+                                                                                   retain_graph=True))(out, leaves)
+                seen = {}
+                ms = median_ms(runs, args.rounds, warmup=100, rep=500,
+                               after=lambda name: seen.__setitem__(name, clocks()))
                 flops = 2.5 * 4 * b * h * n * n * d / (2 if causal else 1)
-                tf = {name: flops / statistics.median(t) * 1e-9 for name, t in ms.items()}
+                tf = {name: flops / ms[name] * 1e-9 for name in names}
                 cells = " | ".join(f"{tf[x]:.0f} | {seen[x][0]}, {seen[x][1]:.0f}" for x in names)
                 ratio = (f"{tf[names[0]] / tf[names[1]]:.3f} | {seen[names[0]][0] / seen[names[1]][0]:.3f}"
                          if len(names) > 1 else "- | -")

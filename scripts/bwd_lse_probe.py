@@ -1,6 +1,6 @@
 """Does the sm90 backward's speed depend on its inputs' values? One shape, the same launches (kernels/hopper/bwd.py,
 launch_bwd_hopper) on the forward's own O and LSE, and on an LSE raised by 200 nats (every P underflows to 0, so
-the dV and dK products and the dQ reduce take zeros), taking turns in one process:
+the dV and dK products and the dQ reduce take zeros), taking turns in one process (bwd_ab.median_ms):
 
     PYTHONPATH=. python3 scripts/bwd_lse_probe.py [--head-dim 128] [--seqlens 1024 16384] [--rounds 5]
 
@@ -11,7 +11,7 @@ import argparse
 import functools
 
 import torch
-import triton
+from bwd_ab import median_ms
 from bwd_clock_probe import clocks
 
 from flashtile import ops
@@ -36,14 +36,10 @@ def main():
             grads = [torch.empty_like(t) for t in (q, k, v)]
             runs = {name: functools.partial(launch_bwd_hopper, dout, q, k, v, out, lse + shift, *grads, d ** -0.5,
                                             causal, True) for name, shift in (("real", 0.0), ("zero", 200.0))}
-            ms = {name: [] for name in runs}
             seen = {}
-            for turn in range(args.rounds):
-                for name in (list(runs) if turn % 2 == 0 else list(runs)[::-1]):
-                    ms[name].append(triton.testing.do_bench(runs[name], warmup=100, rep=500, return_mode="median"))
-                    seen[name] = clocks()
+            ms = median_ms(runs, args.rounds, warmup=100, rep=500, after=lambda name: seen.__setitem__(name, clocks()))
             flops = 2.5 * 4 * b * h * n * n * d / (2 if causal else 1)
-            tf = {name: flops / sorted(t)[len(t) // 2] * 1e-9 for name, t in ms.items()}
+            tf = {name: flops / t * 1e-9 for name, t in ms.items()}
             real, zero = seen["real"], seen["zero"]
             print(f"| {causal} | {n} | {tf['real']:.0f} | {real[0]}, {real[1]:.0f} | {tf['zero']:.0f} | {zero[0]}, "
                   f"{zero[1]:.0f} | {tf['zero'] / tf['real']:.3f} |", flush=True)

@@ -6,14 +6,14 @@ where the sm90 backward's warps stall):
     ncu --import bwd.ncu-rep --page source --csv --print-source sass > bwd-sass.csv
     python scripts/ncu_stalls.py bwd-sass.csv 25
 
-``--peer FA4`` runs FA4's instead (flash_attn.cute, importable as ../shared/anchors/FA4.md installs it).
+``--peer FA4`` runs FA4's instead (flashtile.bench.peers; flash_attn.cute installed as ../shared/anchors/FA4.md says).
 """
 import argparse
 
 import torch
 
-import flashtile
 from flashtile.bench.__main__ import HIDDEN, TOKENS
+from flashtile.bench.peers import FORWARD
 
 
 def main():
@@ -24,19 +24,13 @@ def main():
     parser.add_argument("--peer", choices=["flashtile", "FA4"], default="flashtile")
     args = parser.parse_args()
     n, d = args.seqlen, args.head_dim
-    q, k, v = (torch.randn(TOKENS // n, n, HIDDEN // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
+    prepare, attention = FORWARD[args.peer](args.causal)
+    q, k, v = (t.requires_grad_() for t in prepare(*(torch.randn(TOKENS // n, n, HIDDEN // d, d, device="cuda",
+                                                                 dtype=torch.bfloat16) for _ in range(3))))
     dout = torch.randn_like(q)
 
-    attention = flashtile.flash_attn_func
-    if args.peer == "FA4":
-        from flash_attn.cute.interface import flash_attn_func as fa4
-
-        def attention(q, k, v, causal):
-            return fa4(q, k, v, causal=causal)[0]
-
     def step():
-        torch.autograd.grad(attention(q, k, v, causal=args.causal), (q, k, v), dout)
+        torch.autograd.grad(attention(q, k, v), (q, k, v), dout)
     for _ in range(3):  # compile and warm up outside the window
         step()
     torch.cuda.synchronize()

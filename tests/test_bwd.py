@@ -320,26 +320,35 @@ def test_opcheck():
                                     True, False))
 
 
+def check_gradients_into_given_tensors(q, k, v, dout, deterministic, dlse, strided_v, dq_exact):
+    """ops.attention_backward(grads_out=, return_delta=True), causal: contiguous tensors are written and returned as
+    the gradients (a strided one, with ``strided_v`` for dV, is replaced by a new tensor); the gradients equal a plain
+    call's (dQ within float32 reordering unless ``dq_exact``); the delta returned is rowsum(dO ∘ O) − dLSE."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = ops.attention_forward(q, k, v, scale, (-1, 0), True)
+    dlse = torch.randn_like(lse) if dlse else None
+    args = (dout, q, k, v, out, lse, scale, (-1, 0), True, deterministic)
+    want = ops.attention_backward(*args, dlse=dlse)
+    given = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    if strided_v:
+        given[2] = torch.full(v.transpose(1, 2).shape, float("nan"), dtype=v.dtype, device=DEVICE).transpose(1, 2)
+    *got, delta = ops.attention_backward(*args, dlse=dlse, grads_out=tuple(given), return_delta=True)
+    assert got[0] is given[0] and got[1] is given[1] and (got[2] is given[2]) != strided_v
+    if dq_exact:
+        assert torch.equal(got[0], want[0])
+    else:
+        torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=1e-2)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    torch.testing.assert_close(delta, rowsum - (0 if dlse is None else dlse), atol=1e-2, rtol=1e-3)
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_gradients_into_given_tensors_and_the_delta_used(deterministic):
-    """ops.attention_backward(grads_out=, return_delta=True): contiguous tensors are written and returned as the
-    gradients, a strided one is replaced by a new tensor; the gradients equal a plain call's; the delta returned is
-    rowsum(dO ∘ O) − dLSE."""
-    q = randn(2, 37, 4, 32, dtype=torch.float16)
+    """check_gradients_into_given_tensors on the portable backward, dV's tensor strided."""
+    q, dout = (randn(2, 37, 4, 32, dtype=torch.float16) for _ in range(2))
     k, v = (randn(2, 50, 2, 32, dtype=torch.float16) for _ in range(2))
-    dout = randn(2, 37, 4, 32, dtype=torch.float16)
-    out, lse = ops.attention_forward(q, k, v, 32 ** -0.5, (-1, 0), True)
-    dlse = torch.randn_like(lse)
-    args = (dout, q, k, v, out, lse, 32 ** -0.5, (-1, 0), True, deterministic)
-    want = ops.attention_backward(*args, dlse=dlse)
-    given = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")),
-             torch.full(v.transpose(1, 2).shape, float("nan"), dtype=v.dtype, device=DEVICE).transpose(1, 2))
-    *got, delta = ops.attention_backward(*args, dlse=dlse, grads_out=given, return_delta=True)
-    assert got[0] is given[0] and got[1] is given[1] and got[2] is not given[2]
-    for g, w in zip(got, want):
-        assert torch.equal(g, w)
-    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-    torch.testing.assert_close(delta, rowsum - dlse, atol=1e-3, rtol=1e-3)
+    check_gradients_into_given_tensors(q, k, v, dout, deterministic, True, True, True)
 
 
 def test_preprocess_subtracts_the_lse_gradient():

@@ -63,22 +63,11 @@ def test_gradients(head_dim, shape, causal, dtype, bwd_path):
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
 def test_gradients_into_given_tensors_and_the_delta_used(head_dim, with_dlse, bwd_path):
-    """ops.attention_backward(grads_out=, return_delta=True) on the sm90 backward (the flash_attn shim's call): the
-    given tensors hold the same gradients as a plain call's, and the delta returned is rowsum(dO ∘ O) − dLSE."""
-    from flashtile import ops
+    """test_bwd.check_gradients_into_given_tensors on the sm90 backward (the flash_attn shim's call), each design."""
+    from test_bwd import check_gradients_into_given_tensors
     q, dout = (randn(2, 1000, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
     k, v = (randn(2, 1000, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
-    out, lse = ops.attention_forward(q, k, v, head_dim ** -0.5, (-1, 0), True)
-    dlse = torch.randn_like(lse) if with_dlse else None
-    args = (dout, q, k, v, out, lse, head_dim ** -0.5, (-1, 0), True, False)
-    want = ops.attention_backward(*args, dlse=dlse)
-    given = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    *got, delta = ops.attention_backward(*args, dlse=dlse, grads_out=given, return_delta=True)
-    assert all(g is t for g, t in zip(got, given))
-    torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=1e-2)  # dQ: float32 adds in another order
-    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-    torch.testing.assert_close(delta, rowsum - (dlse if with_dlse else 0), atol=1e-2, rtol=1e-3)
+    check_gradients_into_given_tensors(q, k, v, dout, False, with_dlse, False, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
