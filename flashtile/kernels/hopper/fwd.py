@@ -62,8 +62,9 @@ from .fwd_schedule import (
     work_tile,
 )
 
-REBASE_AT = gl.constexpr(2.0**16)  # FROZEN_MAX: a row sum at this moves the row's reference up (_rebase) ...
-REBASE_EVERY = gl.constexpr(8)  # ... at every REBASE_EVERY-th K/V tile of an item, and after its last
+HEADROOM = gl.constexpr(48)  # FROZEN_MAX: a rebased row's sum is about 2^-HEADROOM (P's room to grow)
+REBASE_AT = gl.constexpr(2.0**-32)  # FROZEN_MAX: a row sum at this moves the row's reference up ...
+REBASE_EVERY = gl.constexpr(8)  # ... at an item's 2nd K/V tile and every REBASE_EVERY-th after, and at its end
 
 
 @aggregate
@@ -248,11 +249,12 @@ def _lane_sums(l_i, alpha, p, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _rebase(m_ref, l_i):
-    """FROZEN_MAX: rows whose running sum reached REBASE_AT take a reference ⌊log2 l⌋ higher (l from a quad's
-    largest share), so that later tiles' P stays far from float32's range whatever the scores do.
+    """FROZEN_MAX: rows whose running sum reached REBASE_AT take a reference ⌊log2 l⌋ + HEADROOM higher (l from a
+    quad's largest share), so that later tiles' P stays far from float32's range whatever the scores do.
     Returns the new reference, l and the factor alpha (a power of two, 1 where nothing moved) that O takes."""
     l_row = gl.convert_layout(gl.max(l_i, axis=1), m_ref.type.layout, assert_trivial=True)
-    e = gl.where(l_row >= REBASE_AT, gl.minimum((l_row.to(gl.int32, bitcast=True) >> 23) - 127, 126), 0)  # [WG_M]
+    e = gl.where(l_row >= REBASE_AT, gl.minimum((l_row.to(gl.int32, bitcast=True) >> 23) - 127 + HEADROOM, 126),
+                 0)  # [WG_M]
     alpha = ((127 - e) << 23).to(gl.float32, bitcast=True)  # 2^-e
     shift = e.to(gl.float32)
     l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True)[:, None]
@@ -381,7 +383,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
             if not sw.STAGE_K or j < n_own - 1:
                 mbarrier.arrive(ring.k_free.index(stage))
             if sw.FROZEN_MAX:
-                if j % REBASE_EVERY == 0:
+                if j % REBASE_EVERY == 1:
                     m_ref, l_i, alpha = _rebase(m_ref, l_i)
                 p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout) * qk_scale
                             - m_ref[:, None])  # [WG_M, BLOCK_N]
@@ -396,7 +398,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
             p = _operand(p, p_layout, dtype, sw.EARLY_P)  # with P·V done, its operand's registers are free
             if not sw.FROZEN_MAX:
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            elif j % REBASE_EVERY == 0:  # O up to tile j - 1 joins its rows' new reference
+            elif j % REBASE_EVERY == 1:  # O up to tile j - 1 joins its rows' new reference
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         last = (g + n_own - 1) % sw.STAGES
         mbarrier.wait(ring.v_ready.index(last), ((g + n_own - 1) // sw.STAGES) & 1)
