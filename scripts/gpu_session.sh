@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [bwd-candidates] [fwd-headroom]
+#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 set -u
@@ -56,15 +56,6 @@ for step in "$@"; do
                 done ;;
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
                    | grep '^|' | tee "$out/clock-probe.md" ;;
-    bwd-candidates) timeout 400 python3 scripts/candidates.py bwd-ab --rounds 3 --seqlens 1024 4096 16384 2>&1 \
-                      | tee "$out/bwd-candidates.md" ;;
-    fwd-headroom) for when in before after; do  # the "headroom" candidate applied to this copy of the tree
-                    [ $when = after ] && python3 scripts/candidates.py apply headroom && timeout 200 python3 -m pytest \
-                      -m gpu -q -p no:cacheprovider tests/test_gpu_fwd.py -k frozen_max 2>&1 | tail -3 \
-                      | tee -a "$out/fwd-headroom.log"
-                    timeout 150 python3 -m flashtile.bench --head-dims 64 128 --seqlens 4096 16384 --inputs random \
-                      dominant --peers flashtile --rounds 1 2>&1 | grep "^|" | tee -a "$out/fwd-headroom.log"
-                  done ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac
