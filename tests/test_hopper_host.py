@@ -90,14 +90,14 @@ def test_launch_arguments():
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [64, head_dim]  # 64 rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
-    assert kwargs["CAUSAL"] and kwargs["BOTTOM_RIGHT"] and not kwargs["IS_VARLEN"]
+    assert kwargs["SWITCHES"].CAUSAL and kwargs["SWITCHES"].BOTTOM_RIGHT and not kwargs["SWITCHES"].IS_VARLEN
     assert kwargs["STAGES"] == cfg.num_stages and kwargs["REGS"] == cfg.consumer_regs
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
     assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
     assert named["seqlen_q"] == named["seqlen_k"] == seqlen
     assert named["n_bh"] == batch * nheads and named["n_m"] == n_m
-    assert kwargs["SCHEDULE"] == (1 if cfg.balanced else 0)  # causal: pairs of Q tiles
+    assert kwargs["SWITCHES"].SCHEDULE == (1 if cfg.balanced else 0)  # causal: pairs of Q tiles
 
 
 def test_schedule():
@@ -116,7 +116,7 @@ def test_schedule():
                                                     causal, True, run)
         n_m = -(-seqlen // 128)
         work = batch * nheads * (n_m if schedule == 2 else -(-n_m // 2))
-        assert kwargs["SCHEDULE"] == schedule
+        assert kwargs["SWITCHES"].SCHEDULE == schedule
         assert grid == ((min(work, num_sms(q.device)) if persistent else work), )
 
 
@@ -149,17 +149,17 @@ def test_claims_launch_arguments():
         assert counter.dtype == torch.int32 and not counter.any()
         assert counter.numel() == fwd_schedule.REDO_QUEUE + batch * nheads * n_m * cfg.block_m // 64
         if causal and claims and not varlen and n_m > 1:
-            assert kwargs["SCHEDULE"] == 3
+            assert kwargs["SWITCHES"].SCHEDULE == 3
             assert named["tail_heads"] == min(batch * nheads, -(-claims * sms // -(-n_m // 2)))
             items = fwd_schedule_model.claimed_items(n_m, batch * nheads, sms, claims)
             assert grid == (min(len(items), sms), )
         else:
-            assert kwargs["SCHEDULE"] != 3
+            assert kwargs["SWITCHES"].SCHEDULE != 3
         fp16 = fwd_launch.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
                                       0.125, causal, True, run)  # FROZEN_MAX is for bf16 only
-        assert fp16[2]["FROZEN_MAX"] is False and fp16[2]["SCHEDULE"] == kwargs["SCHEDULE"]
+        assert fp16[2]["SWITCHES"].FROZEN_MAX is False and fp16[2]["SWITCHES"].SCHEDULE == kwargs["SWITCHES"].SCHEDULE
         fp16_counter = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, fp16[1]))["counter"]
-        assert (fp16_counter is None) == (kwargs["SCHEDULE"] != 3)
+        assert (fp16_counter is None) == (kwargs["SWITCHES"].SCHEDULE != 3)
         if fp16_counter is not None:
             assert fp16_counter.numel() == 1
 
@@ -355,7 +355,7 @@ def test_launch_arguments_with_three_consumer_warpgroups():
     grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     assert named["n_m"] == 6 and named["n_bh"] == batch * nheads  # 1000 rows: 6 tiles of 192
-    assert kwargs["SCHEDULE"] == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
+    assert kwargs["SWITCHES"].SCHEDULE == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
     assert args[0].block_shape == [64, 64]
     assert (kwargs["BLOCK_M"], kwargs["REGS"], kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
 

@@ -36,6 +36,8 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
+from typing import NamedTuple
+
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -67,6 +69,22 @@ REBASE_AT = gl.constexpr(2.0**-32)  # FROZEN_MAX: a row sum at this moves the ro
 REBASE_EVERY = gl.constexpr(8)  # ... at an item's 2nd K/V tile and every REBASE_EVERY-th after, and at its end
 
 
+class FwdSwitches(NamedTuple):
+    """A launch's compile-time switches, one constexpr argument of flash_fwd_hopper_kernel (set by
+    fwd_launch.launch_args from its configs.HopperFwdConfig, the mask and the layout)."""
+    CAUSAL: bool
+    BOTTOM_RIGHT: bool
+    IS_VARLEN: bool
+    PINGPONG: bool
+    OVERLAP_PV: bool
+    STAGE_K: bool
+    EARLY_P: bool
+    STAGE_O: bool
+    Q_REGS: bool
+    SCHEDULE: int
+    FROZEN_MAX: bool
+
+
 @aggregate
 class Switches:
     """What a launch fixes at compile time: the tiles and switches of its configs.HopperFwdConfig (launch_args), the
@@ -89,16 +107,12 @@ class Switches:
     FROZEN_MAX: gl.constexpr
 
     @triton.constexpr_function
-    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, PINGPONG, OVERLAP_PV,
-                 STAGE_K, EARLY_P, STAGE_O, Q_REGS, SCHEDULE, FROZEN_MAX):
+    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
         self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N, self.STAGES = (gl.constexpr(x) for x in (HEAD_DIM, BLOCK_M, BLOCK_N,
                                                                                           STAGES))
-        self.CAUSAL, self.BOTTOM_RIGHT, self.IS_VARLEN = (gl.constexpr(x) for x in (CAUSAL, BOTTOM_RIGHT, IS_VARLEN))
-        self.MAY_BE_EMPTY = gl.constexpr(CAUSAL or IS_VARLEN)
-        self.PINGPONG, self.OVERLAP_PV, self.STAGE_K = (gl.constexpr(x) for x in (PINGPONG, OVERLAP_PV, STAGE_K))
-        self.EARLY_P, self.STAGE_O, self.Q_REGS = (gl.constexpr(x) for x in (EARLY_P, STAGE_O, Q_REGS))
-        self.SCHEDULE, self.FROZEN_MAX = gl.constexpr(SCHEDULE), gl.constexpr(FROZEN_MAX)
-
+        for name, value in FwdSwitches(*switches)._asdict().items():
+            setattr(self, name, gl.constexpr(value))
+        self.MAY_BE_EMPTY = gl.constexpr(self.CAUSAL.value or self.IS_VARLEN.value)
 
 @aggregate
 class Ring:
@@ -513,22 +527,19 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                             k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
                             stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                            CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                            PINGPONG: gl.constexpr, OVERLAP_PV: gl.constexpr,
-                            STAGE_K: gl.constexpr, EARLY_P: gl.constexpr, STAGE_O: gl.constexpr, Q_REGS: gl.constexpr,
-                            SCHEDULE: gl.constexpr,
-                            FROZEN_MAX: gl.constexpr, REGS: gl.constexpr):
+                            SWITCHES: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see work_item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
     ``counter``, see lpt_item) (with a persistent grid the loader fetches
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
-    (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h."""
+    (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h. SWITCHES: a FwdSwitches."""
+    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     o_smem = q_smem  # (unused without STAGE_O)
-    if STAGE_O:  # each consumer's O tile, which a TMA store reads while the next item runs
+    if sw.STAGE_O:  # each consumer's O tile, which a TMA store reads while the next item runs
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG] + o_desc.block_type.shape, o_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
@@ -539,15 +550,15 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     code_smem = q_bar  # (unused below SCHEDULE 3)
-    if SCHEDULE == 3:  # each consumer's next Q tile, as the loader claimed it
+    if sw.SCHEDULE == 3:  # each consumer's next Q tile, as the loader claimed it
         code_smem = gl.allocate_shared_memory(gl.int32, [NUM_WG, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # unused barriers stay uninitialized: triton may reuse their bytes as scratch, undefined for an mbarrier
-    if STAGE_K:
+    if sw.STAGE_K:
         mbarrier.init(k_done.index(0), count=NUM_WG)
     for i in gl.static_range(NUM_WG):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(q_free.index(i), count=1)
-        if PINGPONG:
+        if sw.PINGPONG:
             mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -555,8 +566,6 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
         mbarrier.init(k_free.index(i), count=NUM_WG)
         mbarrier.init(v_free.index(i), count=NUM_WG)
 
-    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, BOTTOM_RIGHT, IS_VARLEN, PINGPONG, OVERLAP_PV, STAGE_K,
-                  EARLY_P, STAGE_O, Q_REGS, SCHEDULE, FROZEN_MAX)
     ring = Ring(q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem, k_done,
                 turn)
     # warp_specialize takes a literal list and a batch-mode cu_seqlens (None) cannot sit in an aggregate: the
@@ -588,8 +597,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                                q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads,
                                group, n_m, n_bh)),
         ], [4, 1], [REGS, 24])
-    if FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
+    if sw.FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
         redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
               q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
-              seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN,
-              sw.MAY_BE_EMPTY)
+              seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT,
+              sw.IS_VARLEN, sw.MAY_BE_EMPTY)

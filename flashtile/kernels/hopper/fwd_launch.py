@@ -7,7 +7,7 @@ from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, detach_descriptor, launch_key
 from ..common.tiles import cdiv, num_sms
 from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
-from .fwd import flash_fwd_hopper_kernel
+from .fwd import FwdSwitches, flash_fwd_hopper_kernel
 from .fwd_schedule import WG_M, counter_size, stream_counter, uses_claims, uses_frozen_max
 
 
@@ -41,7 +41,7 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
                          "cu_seqlens_k"])
         if replay.compiled is not None:
             replay.descriptors = [detach_descriptor(d) for d in args[:4]]
-            replay.stage_o = kwargs["STAGE_O"]
+            replay.stage_o = kwargs["SWITCHES"].STAGE_O
         _REPLAYS.put(key, replay)
     else:
         tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
@@ -92,12 +92,11 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
             counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
             q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
             nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
+    switches = FwdSwitches(
+        CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
+        OVERLAP_PV=config.overlap_pv,
+        STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
+        STAGE_O=stage_o, EARLY_P=config.early_p, Q_REGS=config.q_regs, SCHEDULE=schedule, FROZEN_MAX=frozen)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
-                  CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                  OVERLAP_PV=config.overlap_pv,
-                  STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
-                  STAGE_O=stage_o,
-                  EARLY_P=config.early_p, Q_REGS=config.q_regs,
-                  SCHEDULE=schedule, FROZEN_MAX=frozen,
-                  REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
+                  SWITCHES=switches, REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs
