@@ -35,3 +35,10 @@ def test_readme_names_the_supported_versions():
     torch_floor = re.search(r"torch>=([\d.]+)", " ".join(PROJECT["dependencies"])).group(1)
     assert f"torch ≥ {torch_floor}" in text and "triton 3.6" in text
     assert any(c.startswith("Programming Language :: Python :: 3.1") for c in PROJECT["classifiers"])
+
+
+def test_license_is_declared_and_shipped():
+    """The SPDX expression in the metadata names the license the LICENSE file holds, and the wheel carries the file."""
+    assert PROJECT["license"] == "BSD-3-Clause" and PROJECT["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().startswith("BSD 3-Clause License")
+    assert not any(c.startswith("License ::") for c in PROJECT["classifiers"])  # PEP 639: the expression instead
