@@ -124,6 +124,32 @@ def test_raw_launch_passes_what_tritons_own_launcher_would():
     assert all(a is b or a == b for a, b in zip(by_raw, by_triton))
 
 
+
+def test_raw_launch_encodes_a_descriptor_once_per_address():
+    """A per-call descriptor back at an address it had before is not encoded again; another address is, and the
+    launch arguments stay those of a fresh encoding. Past ENCODED_MAX addresses the kept encodings start over."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    seen, encodings = [], []
+
+    def expand(desc, meta):
+        encodings.append(desc.base.data_ptr())
+        return [("encoded", desc.base.data_ptr(), meta)]
+
+    raw = object.__new__(replay._RawLaunch)
+    raw.head, raw.launch, raw.expand, raw.encoded = (), lambda *args: seen.append(args), expand, {}
+    raw.template, raw.plain, raw.descs = [7], [], [(0, 0, "meta")]
+    tensors = [torch.zeros(64, 128, dtype=torch.bfloat16) for _ in range(3)]
+    template = TensorDescriptor(tensors[0], [64, 128], [128, 1], [64, 128])
+    for t in (tensors[0], tensors[1], tensors[0], tensors[2], tensors[1]):
+        raw((1, 1, 1), 5, (replay.detach_descriptor(template, t), ))
+        assert seen.pop() == (1, 1, 1, 5, ("encoded", t.data_ptr(), "meta"), 7)
+    assert encodings == [t.data_ptr() for t in tensors]
+    raw.ENCODED_MAX = 3
+    for t in (torch.zeros(64, 128, dtype=torch.bfloat16), tensors[0]):  # a fourth address: the three kept go
+        raw((1, 1, 1), 5, (replay.detach_descriptor(template, t), ))
+        assert encodings[-1] == t.data_ptr()
+    assert len(encodings) == 5 and len(raw.encoded) == 2
+
 def test_raw_launch_of_a_kernel_without_descriptors():
     """Without descriptors CudaLauncher.launch is the C function itself (no code object): the raw launch must
     call it with the plain argument list (functools.partial stands in for the builtin here)."""

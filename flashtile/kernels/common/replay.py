@@ -143,7 +143,10 @@ class _NotRaw(Exception):
 class _RawLaunch:
     """The C launch function under CompiledKernel.run, with the argument list it takes already built: Triton's
     CudaLauncher and its tensor-descriptor wrapper rebuild that list and re-encode every descriptor on each
-    call; here a pinned descriptor is encoded once and a call only fills its own tensors in."""
+    call; here a pinned descriptor is encoded once and a call only fills its own tensors in. A per-call
+    descriptor's encoding is kept by (slot, address): the replay fixes its shape, strides and box, so a tensor back
+    at an address it had before (a training loop's caching allocator) is not encoded again."""
+    ENCODED_MAX = 64  # kept encodings of a launch (then it starts over)
 
     def __init__(self, compiled, values, slots):
         from triton.backends.nvidia import driver
@@ -164,6 +167,7 @@ class _RawLaunch:
         self.head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
                      compiled.packed_metadata, None, None, None)
         self.expand = driver.make_tensordesc_arg
+        self.encoded = {}
         self.template, self.plain, self.descs = [], [], []
         for i, value in enumerate(values):
             if i in metas and i not in slots:
@@ -180,8 +184,18 @@ class _RawLaunch:
         for k, pos in self.plain:
             args[pos] = tensors[k]
         for k, pos, meta in reversed(self.descs):  # last first: earlier positions stay put
-            args[pos:pos] = self.expand(tensors[k], meta)
+            args[pos:pos] = self.encode(k, tensors[k], meta)
         self.launch(*grid, stream, *self.head, *args)
+
+    def encode(self, slot, desc, meta):
+        """The launch arguments of descriptor ``desc`` in ``slot``, encoded once per address."""
+        key = (slot, desc.base.data_ptr())
+        encoded = self.encoded.get(key)
+        if encoded is None:
+            if len(self.encoded) >= self.ENCODED_MAX:
+                self.encoded.clear()
+            encoded = self.encoded[key] = self.expand(desc, meta)
+        return encoded
 
 
 def can_replay():
