@@ -47,6 +47,20 @@ def median_ms(runs, rounds, warmup=25, rep=100, after=None):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+
+def median_us_under(step, contexts, rounds, calls):
+    """{name: median over ``rounds`` turns of µs per call of ``calls`` back-to-back calls of ``step``} with each of
+    ``contexts`` {name: context manager factory} entered for its whole turn, in an order that moves by one each turn
+    (flashtile.bench.small_calls.per_call_us)."""
+    from flashtile.bench.small_calls import per_call_us
+    names = list(contexts)
+    seen = {name: [] for name in names}
+    for turn in range(rounds):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            with contexts[name]():
+                seen[name].append(per_call_us(step, calls, torch.cuda.synchronize))
+    return {name: statistics.median(v) for name, v in seen.items()}
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--old", required=True)

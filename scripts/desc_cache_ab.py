@@ -3,33 +3,26 @@
 back-to-back calls, forward alone and forward + backward. Run on the GPU: ``PYTHONPATH=. python
 scripts/desc_cache_ab.py``."""
 import contextlib
-import statistics
 from unittest import mock
 
-import torch
+from bwd_ab import median_us_under
 
-from flashtile.bench.small_calls import SHAPES, peers, per_call_us
+from flashtile.bench.small_calls import SHAPES, peers
 from flashtile.kernels.common import replay
 
 
 def main(rounds=7, calls=200):
     print("| B | N | H | D | causal | pass | kept µs | every call µs | kept / every call |")
     print("|---|---|---|---|---|---|---|---|---|")
+    modes = {"kept": contextlib.nullcontext, "every": lambda: mock.patch.object(
+        replay._RawLaunch, "encode", lambda self, slot, desc, meta: self.expand(desc, meta))}
     for batch, seqlen, nheads, head_dim, causal in SHAPES:
         for backward in (False, True):
             step = peers(batch, seqlen, nheads, head_dim, causal, backward)["flashtile"]
             step()
-            seen = {"kept": [], "every": []}
-            for turn in range(rounds):
-                for mode in (("kept", "every") if turn % 2 == 0 else ("every", "kept")):
-                    with contextlib.ExitStack() as stack:
-                        if mode == "every":
-                            stack.enter_context(mock.patch.object(
-                                replay._RawLaunch, "encode", lambda self, slot, desc, meta: self.expand(desc, meta)))
-                        seen[mode].append(per_call_us(step, calls, torch.cuda.synchronize))
-            on, off = statistics.median(seen["kept"]), statistics.median(seen["every"])
+            us = median_us_under(step, modes, rounds, calls)
             print(f"| {batch} | {seqlen} | {nheads} | {head_dim} | {causal} | {'fwd+bwd' if backward else 'fwd'} | "
-                  f"{on:.1f} | {off:.1f} | {on / off:.2f} |", flush=True)
+                  f"{us['kept']:.1f} | {us['every']:.1f} | {us['kept'] / us['every']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
