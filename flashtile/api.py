@@ -39,7 +39,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     return _finish(out, lse, learnable_sink, 1, return_attn_probs)
 
 
-def _check_sink(learnable_sink, nheads, device):
+def _check_sink(learnable_sink: Optional[Tensor], nheads: int, device: torch.device) -> None:
     if learnable_sink is None:
         return
     if not isinstance(learnable_sink, torch.Tensor):
@@ -49,7 +49,7 @@ def _check_sink(learnable_sink, nheads, device):
                          f"{tuple(learnable_sink.shape)} on {learnable_sink.device}")
 
 
-def _finish(out, lse, sink, heads_dim, return_attn_probs):
+def _finish(out: Tensor, lse: Tensor, sink: Optional[Tensor], heads_dim: int, return_attn_probs: bool) -> Result:
     """out (and the LSE) after the sinks, where there are any."""
     if sink is not None:
         out, lse = ops.with_sinks(out, lse, sink, heads_dim)
@@ -97,7 +97,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     return _finish(out, lse, learnable_sink, 0, return_attn_probs)
 
 
-def _unpack(name, packed, parts, layout):
+def _unpack(name: str, packed: Tensor, parts: int, layout: str) -> tuple[Tensor, ...]:
     """The ``parts`` tensors packed along the dim before the heads of ``packed`` (views: gradients reach it)."""
     if not isinstance(packed, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")

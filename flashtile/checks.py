@@ -30,7 +30,7 @@ def interpreter_enabled() -> bool:
     return _interpreter
 
 
-def _tensor(name, t):
+def _tensor(name: str, t: object) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
@@ -90,7 +90,7 @@ def not_implemented(**options: object) -> None:
                                       f"{_INSTEAD[name]}")
 
 
-def _signature(*values):
+def _signature(*values: object) -> tuple:
     """What the shape and type checks read: shape, dtype and device of each tensor, the type of the rest."""
     return tuple([(v.shape, v.dtype, v.device) if isinstance(v, torch.Tensor) else None if v is None else type(v)
                   for v in values])
@@ -112,7 +112,7 @@ def qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool,
     _QKV_PASSED.add(key)
 
 
-def _interpreter_loaded_late():
+def _interpreter_loaded_late() -> bool:
     """TRITON_INTERPRET=1 takes effect only if set before triton is first imported: triton's own helpers are made
     then. True where our flag says interpreter but triton's helpers were built for the GPU, or the other way."""
     import triton.language as tl
@@ -120,7 +120,7 @@ def _interpreter_loaded_late():
     return isinstance(tl.standard.cdiv, InterpretedFunction) != interpreter_enabled()
 
 
-def _qkv(q, k, v, packed, names):
+def _qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool, names: tuple[str, str, str]) -> None:
     rank = 3 if packed else 4
     layout = "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)"
     q_name, k_name, v_name = names
@@ -189,7 +189,7 @@ def window(window_size: tuple[int, int], causal: bool) -> tuple[int, int]:
     return (left, 0 if causal else right)
 
 
-def _host_checks_allowed(*values):
+def _host_checks_allowed(*values: object) -> bool:
     """Whether to check index values (set_value_checks): where every tensor among ``values`` is on the host, or in
     the debug mode, and never while tracing or capturing a CUDA graph."""
     if _value_checks is False or torch.compiler.is_compiling():
@@ -242,8 +242,11 @@ def int32_vector(name: str, t: torch.Tensor, length: int, device: torch.device) 
 _KVCACHE_PASSED = {}  # the signature of every argument set whose shapes and types passed -> (paged, capacity)
 
 
-def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad=None,
-            rotary_rows=None, rotary_span=0):
+def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+            v: Optional[torch.Tensor], cache_seqlens: Union[int, torch.Tensor, None],
+            cache_batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+            cache_leftpad: Optional[torch.Tensor] = None,
+            rotary_rows: Optional[int] = None, rotary_span: int = 0) -> tuple[bool, int]:
     """Shapes, dtypes and (outside tracing) values of flash_attn_with_kvcache's arguments; with ``rotary_rows``
     (rows of rotary_cos), also that the ``rotary_span`` positions from cache_seqlens[b] on exist there.
     Returns (paged, capacity): capacity = keys one sequence's cache can hold. A decode loop passes the same
@@ -268,7 +271,8 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
     return known
 
 
-def rotary(cos, sin, interleaved, q, k, per_token):
+def rotary(cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], interleaved: bool, q: torch.Tensor,
+           k: Optional[torch.Tensor], per_token: bool) -> tuple[Optional[int], int]:
     """rotary_cos and rotary_sin (seqlen_ro, rotary_dim / 2), given together and only with new k, v. Returns
     (rows of the table, positions the new tokens take from cache_seqlens[b] on: the queries one each when
     ``per_token``, else all the first), or (None, 0) without them."""
@@ -309,7 +313,10 @@ def page_table(table: torch.Tensor, batch: int, device: torch.device) -> None:
         raise ValueError(f"block_table must be on {device}, got {table.device}")
 
 
-def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+def _kvcache_structure(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                       v: Optional[torch.Tensor], cache_seqlens: Union[int, torch.Tensor, None],
+                       cache_batch_idx: Optional[torch.Tensor],
+                       block_table: Optional[torch.Tensor]) -> tuple[bool, int]:
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _tensor(name, t)
         if t.dim() != 4 or t.shape[0] == 0:
@@ -361,7 +368,10 @@ def _kvcache_structure(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
     return block_table is not None, capacity
 
 
-def _kvcache_values(q, k_cache, k, cache_seqlens, cache_batch_idx, block_table, cache_leftpad, capacity):
+def _kvcache_values(q: torch.Tensor, k_cache: torch.Tensor, k: Optional[torch.Tensor],
+                    cache_seqlens: Union[int, torch.Tensor, None],
+                    cache_batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                    cache_leftpad: Optional[torch.Tensor], capacity: int) -> list[int]:
     """Every value check in one device-to-host copy: the lengths, then a flag per index table. Returns the
     lengths."""
     batch, seqlen_new = q.shape[0], 0 if k is None else k.shape[1]

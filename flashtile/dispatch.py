@@ -3,7 +3,7 @@ ops.py asks here (``forward``, ``backward`` and ``decode`` return a Plan, which 
 reads the tables when it is called, so tests and sweeps may swap a table in configs."""
 import functools
 from dataclasses import replace
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -23,7 +23,7 @@ class Plan(NamedTuple):
     splits: int = 1
     chunk: int = 0
 
-    def __str__(self):
+    def __str__(self) -> str:
         split = f", {self.splits} split{'s' if self.splits > 1 else ''} of {self.chunk} keys" if self.chunk else ""
         return f"kernels/{self.kernel}" + (f" ({self.design})" if self.design else "") + f" with {self.config}" + split
 
@@ -50,7 +50,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tupl
                                               arch(q.device), interpreter_enabled()))
 
 
-def hopper_forward_config(q, k, v, window_size, seqlen_q=None):
+def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
+                          seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
     """The sm90 forward's config when it covers the call (configs.FWD_BACKEND, the arch, the head dim's chain of
     configs by min_seqlen_q, the kernel's ``supports``), else None."""
     if configs.FWD_BACKEND == "portable" or arch(q.device) != (9, 0) or interpreter_enabled():
@@ -76,7 +77,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
                                               arch(q.device), interpreter_enabled()))
 
 
-def takes_hopper_backward(q, k, v, dout, window_size, packed):
+def takes_hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                          window_size: tuple[int, int], packed: bool) -> bool:
     """Whether the sm90 backward takes the call: configs.BWD_BACKEND "auto", sm90, batch mode, a call the kernel's
     ``supports`` accepts."""
     if configs.BWD_BACKEND == "portable" or packed or arch(q.device) != (9, 0) or interpreter_enabled():
@@ -85,7 +87,8 @@ def takes_hopper_backward(q, k, v, dout, window_size, packed):
     return supports(q, k, v, dout, window_size)
 
 
-def _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter):
+def _portable(tables: tuple, head_dim_pad: int, causal: bool, itemsize: int, arch: Optional[tuple[int, int]],
+              interpreter: bool) -> Union[configs.TileConfig, configs.BwdConfig]:
     """The portable kernel's config from ``tables`` (interpreter, float32 by head dim, sm90 by head dim and causal
     flag, any other GPU by head dim): the first that applies, in that order."""
     interpreter_config, fp32, sm90, generic = tables
@@ -98,20 +101,24 @@ def _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter):
     return generic[head_dim_pad]
 
 
-def fwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
+def fwd_config(head_dim_pad: int, causal: bool, itemsize: int, arch: Optional[tuple[int, int]],
+               interpreter: bool) -> configs.TileConfig:
     """The portable forward's tiles for a padded head dim, causal flag, element size and (major, minor) arch."""
     tables = (configs.FWD_INTERPRETER, configs.FWD_FP32, configs.FWD_SM90, configs.FWD_GENERIC)
     return _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter)
 
 
-def bwd_config(head_dim_pad, causal, itemsize, arch, interpreter):
+def bwd_config(head_dim_pad: int, causal: bool, itemsize: int, arch: Optional[tuple[int, int]],
+               interpreter: bool) -> configs.BwdConfig:
     """The portable backward's tiles, chosen as fwd_config's."""
     tables = (configs.BWD_INTERPRETER, configs.BWD_FP32, configs.BWD_SM90, configs.BWD_GENERIC)
     return _portable(tables, head_dim_pad, causal, itemsize, arch, interpreter)
 
 
-def decode(q, k_cache, v_cache, capacity, num_splits=0, batch_idx=None, block_table=None, leftpad=None, softcap=0.0,
-           alibi_slopes=None, window_size=(-1, -1), config=None):
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, capacity: int, num_splits: int = 0,
+           batch_idx: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
+           leftpad: Optional[torch.Tensor] = None, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+           window_size: tuple[int, int] = (-1, -1), config: Optional[configs.DecodeConfig] = None) -> Plan:
     """flash_attn_with_kvcache's plan: the sm90 decode kernel (one split) where hopper_decode_config gives a config
     (``num_splits`` 0 or 1), else the portable split-KV kernel with its tiles (``config``, or by the cache's layout:
     paged, several KV heads a program, or the plain tables) and its splits (``num_splits``, or by decode_splits),
@@ -145,13 +152,16 @@ def decode(q, k_cache, v_cache, capacity, num_splits=0, batch_idx=None, block_ta
     return Plan("portable/decode.py", config, splits=-(-capacity // chunk), chunk=chunk)
 
 
-def heads_adjacent(k_cache, v_cache):
+def heads_adjacent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether each key holds its KV heads side by side (flash-attn's contiguous layout, a page pool's)."""
     return all(t.stride(3) == 1 and t.stride(2) == t.shape[3] for t in (k_cache, v_cache))
 
 
-def hopper_decode_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes, window_size,
-                         adjacent, programs, capacity, sms):
+def hopper_decode_config(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                         leftpad: Optional[torch.Tensor], softcap: float, alibi_slopes: Optional[torch.Tensor],
+                         window_size: tuple[int, int], adjacent: bool, programs: int, capacity: int,
+                         sms: int) -> Optional[configs.DecodeHopperConfig]:
     """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
     head-major cache (a key-major one, ``adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no option
     that masks or biases scores (a causal mask over one new token masks nothing), else None."""
@@ -166,7 +176,7 @@ def hopper_decode_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, s
     return config if decode_hopper.supports(q, k_cache, v_cache) else None
 
 
-def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
+def decode_config(head_dim_pad: int, interpreter: bool, waves: bool = False, chunk: int = 0) -> configs.DecodeConfig:
     """The decode tiles; ``waves``: (batch, KV head) programs alone fill the SMs (one split); ``chunk``: keys per
     program."""
     if interpreter:
@@ -177,24 +187,25 @@ def decode_config(head_dim_pad, interpreter, waves=False, chunk=0):
     return _grouped(head_dim_pad, config) if chunk >= configs.DECODE_GROUPED_FROM else config
 
 
-def _grouped(head_dim_pad, config):
+def _grouped(head_dim_pad: int, config: configs.DecodeConfig) -> configs.DecodeConfig:
     return replace(config, key_groups=configs.DECODE_KEY_GROUPS, max_rows=configs.DECODE_GROUPED_MAX_ROWS[head_dim_pad])
 
 
-def decode_splits(programs, capacity, num_sms):
+def decode_splits(programs: int, capacity: int, num_sms: int) -> int:
     """Split count: one wave of (split, batch, KV head) programs on the SMs (one program fills an SM), within
     [1, DECODE_MAX_SPLITS] and no split under DECODE_MIN_CHUNK keys."""
     return max(1, min(num_sms // programs, configs.DECODE_MAX_SPLITS, -(-capacity // configs.DECODE_MIN_CHUNK)))
 
 
-def decode_waves(pairs, num_sms):
+def decode_waves(pairs: int, num_sms: int) -> bool:
     """Whether ``pairs`` (batch, KV head) programs of one split take DECODE_SM90_WAVES: they fill the SMs, and two
     programs an SM do not end on a tail wave of under one program an SM after full waves."""
     tail = pairs % (2 * num_sms)
     return pairs >= num_sms and not (pairs > 2 * num_sms and 0 < tail < num_sms)
 
 
-def decode_hopper_config(head_dim, pairs, capacity, num_sms):
+def decode_hopper_config(head_dim: int, pairs: int, capacity: int,
+                         num_sms: int) -> Optional[configs.DecodeHopperConfig]:
     """The Gluon decode config for ``pairs`` (batch, KV head) programs of one split over caches of ``capacity`` keys
     (DECODE_HOPPER_LONG from DECODE_HOPPER_LONG_FROM keys), or None: at least DECODE_HOPPER_MIN_KEYS keys, and waves of
     the config's programs an SM DECODE_HOPPER_FILL full on average."""
@@ -206,7 +217,8 @@ def decode_hopper_config(head_dim, pairs, capacity, num_sms):
     return config if pairs >= configs.DECODE_HOPPER_FILL * -(-pairs // slots) * slots else None
 
 
-def decode_heads_config(head_dim_pad, nheads_k, rows, pairs, capacity, num_sms):
+def decode_heads_config(head_dim_pad: int, nheads_k: int, rows: int, pairs: int, capacity: int,
+                        num_sms: int) -> Optional[configs.DecodeConfig]:
     """The several-heads config where its shape applies (the caller checks the cache: contiguous with a key's heads
     side by side, TMA-addressable, not paged), else None: one tile of query rows a head (``rows``: group x new tokens,
     at most 16), ``pairs``: (batch, KV head) programs of one head, ``capacity`` keys of cache."""
@@ -217,7 +229,7 @@ def decode_heads_config(head_dim_pad, nheads_k, rows, pairs, capacity, num_sms):
     return config if fill and chunk >= configs.DECODE_HEADS_FROM else None
 
 
-def heads_programs(pairs, capacity, num_sms, heads):
+def heads_programs(pairs: int, capacity: int, num_sms: int, heads: int) -> tuple[int, bool]:
     """With ``heads`` KV heads a program: (keys a program, whether the programs, one an SM, fill nine tenths of the SMs
     in every wave): a last wave under that runs on few SMs (docs/configs.md#decode_heads_sm90)."""
     programs = pairs // heads
@@ -226,7 +238,8 @@ def heads_programs(pairs, capacity, num_sms, heads):
     return capacity // splits, programs * splits >= 0.9 * num_sms and (tail == 0 or tail >= 0.9 * num_sms)
 
 
-def decode_paged_config(head_dim_pad, page_size, nheads_k, rows, tma, adjacent, pairs, capacity, num_sms):
+def decode_paged_config(head_dim_pad: int, page_size: int, nheads_k: int, rows: int, tma: bool, adjacent: bool,
+                        pairs: int, capacity: int, num_sms: int) -> Optional[configs.DecodeConfig]:
     """The paged cache's tiles (None: as the contiguous cache's). ``tma``: the pools are TMA-addressable;
     ``adjacent``: a key's KV heads sit side by side; ``rows``: query rows a head;
     ``pairs``: (batch, KV head) programs of one head. Four KV heads a box where they fit, their programs fill the
@@ -243,13 +256,13 @@ def decode_paged_config(head_dim_pad, page_size, nheads_k, rows, tma, adjacent, 
     return (configs.DECODE_PAGED_SM90_WAVES if waves else configs.DECODE_PAGED_SM90).get((head_dim_pad, tile))
 
 
-def decode_configs_sm90():
+def decode_configs_sm90() -> list[tuple[int, configs.DecodeConfig]]:
     """Every (padded head dim, config) decode_config or decode_heads_config can pick on sm90."""
     plain = [*configs.DECODE_SM90.items(), *configs.DECODE_SM90_WAVES.items()]
     return plain + [(pad, _grouped(pad, c)) for pad, c in plain] + [*configs.DECODE_HEADS_SM90.items()]
 
 
-def decode_paged_configs_sm90():
+def decode_paged_configs_sm90() -> list[tuple[int, int, configs.DecodeConfig]]:
     """Every (padded head dim, keys a TMA box or 0 for pointers, config) decode_paged_config can pick on sm90."""
     tables = (configs.DECODE_PAGED_SM90, configs.DECODE_PAGED_SM90_WAVES, configs.DECODE_PAGED_HEADS_SM90)
     return [(pad, tile, c) for table in tables

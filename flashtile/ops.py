@@ -4,7 +4,7 @@ They take checked inputs (``api`` checks them), prepare tensors for the tensor d
 tile config and launch. Being custom ops with fake implementations, they trace under torch.compile
 as single nodes, without graph breaks.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,19 +21,19 @@ from .kernels.portable.new_tokens import launch_append, launch_rotary
 from .kernels.portable.packed import launch_safe_offsets, launch_zero_unused_rows
 
 
-def _unit_last_stride(t):
+def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
     """``t`` (or None) with its last dimension contiguous, as the pointer-indexed kernels read it."""
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
-def _tma_ready(t):
+def _tma_ready(t: Tensor) -> Tensor:
     """``t`` itself when a tensor descriptor can address it, else a fresh contiguous copy."""
     if tma_addressable(t):
         return t
     return t.contiguous() if not t.is_contiguous() else t.clone()
 
 
-def _ensure_allocator(device):
+def _ensure_allocator(device: torch.device) -> None:
     """On-device tensor descriptors (varlen) need scratch memory from Triton's allocator; set one if none is."""
     from triton.runtime import _allocation
 
@@ -41,7 +41,7 @@ def _ensure_allocator(device):
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-def _new_out(q, heads_first):
+def _new_out(q: Tensor, heads_first: bool) -> Tensor:
     """O shaped like q; ``heads_first`` stores it as (batch, nheads, seqlen, headdim), SDPA's layout."""
     if heads_first:
         b, n, h, d = q.shape
@@ -49,7 +49,7 @@ def _new_out(q, heads_first):
     return torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
 
-def _new_lse(q, packed):
+def _new_lse(q: Tensor, packed: bool) -> Tensor:
     shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
     return torch.empty(shape, device=q.device, dtype=torch.float32)
 
@@ -89,8 +89,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     return out, lse
 
 
-def _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-                      bottom_right, config, softcap, alibi_slopes):
+def _portable_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                      cu_seqlens_k: Optional[Tensor], max_seqlen_q: Optional[int], softmax_scale: float,
+                      window_size: tuple[int, int], bottom_right: bool, config: object, softcap: float,
+                      alibi_slopes: Optional[Tensor]) -> None:
     """kernels/portable/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not."""
     packed = cu_seqlens_q is not None
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
@@ -128,8 +130,11 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
 
 
-def _launch_backward(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right, deterministic,
-                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config, softcap, alibi_slopes, dlse):
+def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
+                     dv: Tensor, softmax_scale: float, window_size: tuple[int, int], bottom_right: bool,
+                     deterministic: bool, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                     max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], config: object, softcap: float,
+                     alibi_slopes: Optional[Tensor], dlse: Optional[Tensor]) -> Tensor:
     """attention_backward's launches for a call with queries and keys: gradients into dq, dk, dv; returns delta."""
     if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
         dk.zero_()
@@ -178,8 +183,10 @@ fwd = torch.library.custom_op("flashtile::fwd", mutates_args=())(_fwd_impl)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
-              window_right, bottom_right, heads_first_out, deterministic, softcap=0.0, alibi_slopes=None):
+def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+              max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
+              bottom_right: bool, heads_first_out: bool, deterministic: bool, softcap: float = 0.0,
+              alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _new_out(q, heads_first_out), _new_lse(q, cu_seqlens_q is not None)
 
 
@@ -198,12 +205,13 @@ bwd = torch.library.custom_op("flashtile::bwd", mutates_args=())(_bwd_impl)
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, *args):
+def _bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              *args: object) -> tuple[Tensor, Tensor, Tensor]:
     return (torch.empty(q.shape, device=q.device, dtype=q.dtype), torch.empty(k.shape, device=k.device, dtype=k.dtype),
             torch.empty(v.shape, device=v.device, dtype=v.dtype))
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
@@ -211,7 +219,8 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _saved_grads(ctx, dout, dlse, backward):
+def _saved_grads(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor],
+                 backward: Callable) -> tuple:
     """dq, dk, dv (None for the other inputs) by ``backward`` (the ``bwd`` op, or its function) from what
     _setup_context saved; dout is None where only the LSE took a gradient."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
@@ -221,7 +230,7 @@ def _saved_grads(ctx, dout, dlse, backward):
     return (dq, dk, dv) + (None, ) * 12
 
 
-def _backward(ctx, dout, dlse):
+def _backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
     return _saved_grads(ctx, dout, dlse, bwd)
 
 
@@ -234,13 +243,13 @@ class _Attention(torch.autograd.Function):
     kernels")."""
 
     @staticmethod
-    def forward(ctx, *args):
+    def forward(ctx: torch.autograd.function.FunctionCtx, *args: object) -> tuple[Tensor, Tensor]:
         output = _fwd_impl(*args)
         _setup_context(ctx, args, output)
         return output
 
     @staticmethod
-    def backward(ctx, dout, dlse):
+    def backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
         return _saved_grads(ctx, dout, dlse, _bwd_impl)
 
 
@@ -257,14 +266,15 @@ def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor, heads_dim: int) -> tuple
     return (out.float() * factor[..., None]).to(out.dtype), torch.logaddexp(lse, sinks)
 
 
-def pad_head_dim(*tensors):
+def pad_head_dim(*tensors: Tensor) -> tuple[Tensor, ...]:
     """The tensors with their last dim zero-padded to a multiple of 8, as flash-attn pads head dims (the same
     scores; O's and the gradients' extra columns come out 0): a tensor descriptor needs 16-byte rows."""
     extra = -tensors[0].shape[-1] % 8
     return tensors if not extra else tuple(F.pad(t, (0, extra)) for t in tensors)
 
 
-def gather_pages(k_pages, v_pages, block_table, cu_seqlens_k, rows):
+def gather_pages(k_pages: Tensor, v_pages: Tensor, block_table: Tensor, cu_seqlens_k: Tensor,
+                 rows: int) -> tuple[Tensor, Tensor]:
     """Packed (rows, nheads_k, headdim) keys and values of the sequences whose keys sit in pages (num_pages,
     page_size, nheads_k, headdim) listed by block_table (batch, max_pages): sequence b's key j is in page
     block_table[b, j // page_size] at slot j % page_size, at row cu_seqlens_k[b] + j. Page ids are clamped into the
@@ -304,7 +314,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, windo
     return _fwd_impl(*args)
 
 
-def rotary(x, cos, sin, cache_seqlens, per_token, interleaved):
+def rotary(x: Tensor, cos: Tensor, sin: Tensor, cache_seqlens: Tensor, per_token: bool, interleaved: bool) -> Tensor:
     """x (batch, seqlen, nheads, headdim) turned by the rotary table at each token's position
     (kernels/portable/new_tokens.py)."""
     x, cos, sin = (_unit_last_stride(t) for t in (x, cos, sin))
@@ -351,7 +361,7 @@ _SCRATCH = {}
 _RETIRED = []  # outgrown scratch buffers: a captured CUDA graph may still point at them
 
 
-def _scratch(device, arrivals, partials):
+def _scratch(device: torch.device, arrivals: int, partials: int) -> tuple[Tensor, Tensor]:
     """(int32 arrival counters, zeroed and left zeroed by the decode kernel; float32 room for ``partials``
     partial results), one pair per device and stream, grown on demand: calls on one stream run in order, so
     two never use them at the same time. While a CUDA graph is captured the partials come from its own pool."""
@@ -370,7 +380,8 @@ def _scratch(device, arrivals, partials):
     return counters, part
 
 
-def combine(out_partials, lse_partials, dtype=None):
+def combine(out_partials: Tensor, lse_partials: Tensor,
+            dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     """Merge partial attention results by their LSE: (out [batch, seqlen, nheads, headdim], lse)."""
     _, batch, seqlen, nheads, head_dim = out_partials.shape
     out = torch.empty(batch, seqlen, nheads, head_dim, device=out_partials.device, dtype=dtype or out_partials.dtype)
