@@ -177,7 +177,7 @@ BWD_INTERPRETER = BwdConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64, 
                             dq_atomic="pointer")
 
 # Split-KV decode: 128 keys, 4 warps, 3 stages, the best tiles at D=128; max_rows: the most query rows
-# whose tile compiles for sm90 (tests/test_compile_sm90.py) (docs/configs.md#decode_sm90).
+# whose tile compiles for sm90 (tests/tools/test_compile_sm90.py) (docs/configs.md#decode_sm90).
 DECODE_SM90 = {32: DecodeConfig(block_n=128, num_warps=4, num_stages=3, max_rows=32),
                64: DecodeConfig(block_n=128, num_warps=4, num_stages=3, max_rows=32),
                128: DecodeConfig(block_n=128, num_warps=4, num_stages=3),

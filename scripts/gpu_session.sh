@@ -14,21 +14,22 @@ for step in "$@"; do
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 | tee "$out/tests.log" ;;
     fwd-tests) for part in "frozen_max or test_large or early_p" \
                            "not (frozen_max or test_large or early_p)"; do  # each within a device call
-                 timeout 280 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/test_gpu_fwd.py \
+                 timeout 280 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
                    -k "not portable and ($part)" 2>&1 | grep -v "warner\|BenchmarkWarning" | tail -80 \
                    | tee -a "$out/fwd-tests.log"
                done ;;
-    tier-bwd) for f in test_gpu_bwd_hopper test_gpu_bwd test_gpu_decode; do
-                timeout 150 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/$f.py 2>&1 \
-                  | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
+    tier-bwd) for f in hopper/test_bwd portable/test_bwd portable/test_decode; do
+                timeout 150 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/$f.py \
+                  2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
               done
               timeout 150 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf \
-                --ignore-glob "tests/test_gpu_*" tests 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log" ;;
+                --ignore-glob "tests/kernels/*/test_[bdf]*.py" tests 2>&1 | grep -E "passed|failed|FAILED|Error" \
+                | tee -a "$out/tier.log" ;;
     tier-fwd) heavy="q_in_registers or o_through_the_last_k_tile or claims"  # out of memory at -n 12
               heavy="$heavy or schedule_options_off or (test_large and n16384)"
-              timeout 290 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/test_gpu_fwd.py \
+              timeout 290 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
                 -k "not ($heavy)" 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
-              timeout 290 python3 -m pytest -m gpu -q -n 3 -p no:cacheprovider --tb=short -rf tests/test_gpu_fwd.py \
+              timeout 290 python3 -m pytest -m gpu -q -n 3 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
                 -k "$heavy" 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log" ;;
     tune) python3 -m flashtile.bench.tune 2>&1 | grep -v '%|' | tee "$out/tune.log" ;;
     tune-bwd) python3 -m flashtile.bench.tune --backward --seqlens 4096 16384 2>&1 | grep -v '%|' \

@@ -1,6 +1,7 @@
 """Shared test tools: inputs, the low-precision PyTorch baseline, the error rule, NaN-poisoned outputs."""
 import contextlib
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 import flashtile
 from flashtile import reference
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The small absolute slack added to 2x PyTorch's own error, per dtype. fp32: ~32 ulp at 1.0; the worst
 # ratio err / (2 x PyTorch's + 1e-6) seen over 60 fp32 draws at D=256 was 0.94, so 1e-6 was flaky.
@@ -99,3 +101,21 @@ def torch_attention_varlen(q, k, v, cu_q, cu_k, causal=False, window_size=(-1, -
             continue
         outs.append(torch_attention(qb, kb, vb, causal, window_size)[0])
     return torch.cat(outs, 0)
+
+
+def guarded(*shape, dtype=torch.float16):
+    """A fresh normal tensor of ``shape`` in the middle of a buffer three times its size whose rest is NaN, and that
+    buffer: a read past either end of the tensor shows as NaN, a write as a changed guard."""
+    n = 1
+    for s in shape:
+        n *= s
+    buffer = torch.full((3 * n, ), float("nan"), dtype=dtype, device=DEVICE)
+    tensor = buffer[n:2 * n].view(*shape)
+    tensor.copy_(randn(*shape, dtype=dtype))
+    return tensor, buffer
+
+
+def guards_intact(buffer):
+    """Whether the NaN guards of a ``guarded`` buffer are untouched."""
+    n = buffer.numel() // 3
+    return bool(buffer[:n].isnan().all() and buffer[2 * n:].isnan().all())

@@ -1,5 +1,5 @@
 """Compile the kernels for sm90 on a machine without a GPU (ptxas ships with triton) and report each
-tile config's shared memory and instruction mix. Used by tests/test_compile_sm90.py.
+tile config's shared memory and instruction mix. Used by tests/tools/test_compile_sm90.py.
 
     TRITON_INTERPRET=0 python tools/compile_sm90.py [--decode] [--shard K/N]
 """

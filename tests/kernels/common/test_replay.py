@@ -1,6 +1,6 @@
 """Replayed launches (kernels/common/replay.py) and the once-per-signature input checks, on any machine. The
-replay of a real compiled kernel runs on the GPU (tests/test_gpu_decode.py); here a stand-in kernel records
-what its launcher would receive."""
+replay of a real compiled kernel runs on the GPU (the GPU tier of tests/kernels/portable/test_decode.py); here a
+stand-in kernel records what its launcher would receive."""
 import inspect
 import os
 import subprocess

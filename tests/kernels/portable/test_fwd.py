@@ -1,4 +1,6 @@
-"""The forward kernel against the float64 reference (CPU tier: Triton interpreter, fp16/fp32)."""
+"""The portable forward (kernels/portable/fwd.py) against the float64 reference, on any machine (the Triton
+interpreter, fp16/fp32). Its GPU cases run with the sm90 forward's, on both backends:
+tests/kernels/hopper/test_fwd.py."""
 import pytest
 import torch
 import torch.nn.functional as F

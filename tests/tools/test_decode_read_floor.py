@@ -1,12 +1,12 @@
 """tools/decode_read_floor.py: the floor it times must read every key of every head once (a floor that skipped
 tiles would be no floor)."""
-import pathlib
 import sys
 
 import pytest
 import torch
+from helpers import ROOT
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+sys.path.insert(0, str(ROOT))
 from tools.decode_read_floor import floor_fn  # noqa: E402
 
 

@@ -1,10 +1,15 @@
-"""GPU tier (`pytest -m gpu`): real sizes, bf16 and fp16, against the float64 reference."""
+"""The sm90 forward (kernels/hopper/fwd.py, fwd_launch.py, fwd_schedule.py). On any machine: its launch arguments,
+schedules and dispatch (only the calls the kernel covers); it compiles for sm90 in tests/tools/test_compile_sm90.py.
+GPU tier (`pytest -m gpu`, the forward through the API on both backends): real sizes, bf16 and fp16, against the
+float64 reference."""
 import dataclasses
+import sys
 
 import pytest
 import torch
 from helpers import (
     DTYPE_IDS,
+    ROOT,
     assert_attention_close,
     poisoned_outputs,
     randn,
@@ -15,13 +20,185 @@ from helpers import (
 
 import flashtile
 from flashtile import configs, dispatch, reference
+from flashtile.kernels.common.tiles import num_sms
+from flashtile.kernels.hopper import fwd as fwd_hopper
+from flashtile.kernels.hopper import fwd_launch, fwd_schedule
+from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
-pytestmark = pytest.mark.gpu
 
+def test_supports_only_full_or_causal_half_precision():
+    q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    ok = GLUON_VERSION_OK
+    assert fwd_launch.supports(q, k, v, (-1, -1)) == ok
+    assert fwd_launch.supports(q, k, v, (-1, 0)) == ok
+    assert not fwd_launch.supports(q, k, v, (16, 0))  # sliding window
+    assert not fwd_launch.supports(q.float(), k.float(), v.float(), (-1, -1))
+
+
+def test_not_chosen_off_sm90():
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    assert dispatch.hopper_forward_config(q, q, q, (-1, -1)) is None  # a CPU tensor: no sm90 here
+
+
+def test_launch_arguments():
+    batch, seqlen, nheads, nheads_k, head_dim = 2, 300, 8, 2, 128
+    q = torch.randn(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], persistent=False)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
+    n_m = -(-seqlen // cfg.block_m)
+    n_pairs = -(-n_m // 2) * batch * nheads
+    assert grid == (n_pairs, )  # one program per pair of Q tiles
+    persistent = dataclasses.replace(cfg, persistent=True)
+    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
+        min(n_pairs, num_sms(q.device)), )  # at most one program per SM
+    shorter = dataclasses.replace(persistent, persistent_max_seqlen=seqlen - 1)  # persistent up to shorter rows
+    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
+    q_desc, k_desc, v_desc = args[:3]
+    assert q_desc.block_shape == [64, head_dim]  # 64 rows to each consumer warpgroup
+    assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
+    assert kwargs["SWITCHES"].CAUSAL and kwargs["SWITCHES"].BOTTOM_RIGHT and not kwargs["SWITCHES"].IS_VARLEN
+    assert kwargs["STAGES"] == cfg.num_stages and kwargs["REGS"] == cfg.consumer_regs
+    named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
+    assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
+    assert named["seqlen_q"] == named["seqlen_k"] == seqlen
+    assert named["n_bh"] == batch * nheads and named["n_m"] == n_m
+    assert kwargs["SWITCHES"].SCHEDULE == (1 if cfg.balanced else 0)  # causal: pairs of Q tiles
+
+
+def test_schedule():
+    """Which work items the grid's programs take (kernels/hopper/fwd_schedule.work_item): causal or not persistent,
+    pairs of Q tiles (light ones last with ``balanced``); non-causal persistent, single Q tiles (but with one Q tile,
+    pairs); the grid covers them, at most one program per SM when persistent."""
+    batch, nheads = 2, 8
+    cfg = configs.HopperFwdConfig(block_m=128, block_n=128, num_stages=2, persistent=True)
+    for seqlen, causal, persistent, balanced, schedule in [(1000, True, True, True, 1), (1000, False, True, True, 2),
+                                                          (1000, False, False, True, 1), (1000, False, True, False, 0),
+                                                          (100, False, True, True, 1), (1, False, True, True, 1)]:
+        q = torch.randn(batch, seqlen, nheads, 128, dtype=torch.bfloat16)
+        lse = torch.empty(batch, nheads, seqlen)
+        run = dataclasses.replace(cfg, persistent=persistent, balanced=balanced)
+        grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, None, None, None, 0.125,
+                                                    causal, True, run)
+        n_m = -(-seqlen // 128)
+        work = batch * nheads * (n_m if schedule == 2 else -(-n_m // 2))
+        assert kwargs["SWITCHES"].SCHEDULE == schedule
+        assert grid == ((min(work, num_sms(q.device)) if persistent else work), )
+
+
+def test_claims_launch_arguments():
+    """configs.HopperFwdConfig.claims takes SCHEDULE 3 where it applies (causal, persistent, equal lengths, two Q
+    tiles or more), with a zeroed int32 counter, the tail's heads (claims rounds of pairs over the SMs) and one
+    program per SM at most over as many items as tools/fwd_schedule_model.claimed_items (which checks that the
+    order takes each Q tile once) lists; elsewhere the static order. The counter also holds FROZEN_MAX's queue (a
+    place per head, Q tile and consumer warpgroup) in bf16; fp16 gets a counter only for claims."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fwd_schedule_model
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(64, True)], min_seqlen_q=0, below=None)
+    assert cfg.claims > 0
+    batch, nheads, head_dim = 3, 16, 64
+    sms = num_sms(torch.device("cpu"))
+    for seqlen, causal, claims, varlen in [(1000, True, 2, False), (4096, True, 1, False), (1000, False, 2, False),
+                                           (150, True, 2, False), (1000, True, 0, False), (1000, True, 2, True)]:
+        run = dataclasses.replace(cfg, claims=claims)
+        q = torch.randn(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
+        lse = torch.empty(batch, nheads, seqlen)
+        cu = max_seqlen = None
+        if varlen:
+            q, lse = q.flatten(0, 1), torch.empty(nheads, batch * seqlen)
+            cu, max_seqlen = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32), seqlen
+        grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, cu, cu, max_seqlen, 0.125,
+                                                    causal, True, run)
+        named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+        n_m = -(-seqlen // cfg.block_m)
+        counter = named["counter"]  # the claims counter and FROZEN_MAX's queue (bf16)
+        assert counter.dtype == torch.int32 and not counter.any()
+        assert counter.numel() == fwd_schedule.REDO_QUEUE + batch * nheads * n_m * cfg.block_m // 64
+        if causal and claims and not varlen and n_m > 1:
+            assert kwargs["SWITCHES"].SCHEDULE == 3
+            assert named["tail_heads"] == min(batch * nheads, -(-claims * sms // -(-n_m // 2)))
+            items = fwd_schedule_model.claimed_items(n_m, batch * nheads, sms, claims)
+            assert grid == (min(len(items), sms), )
+        else:
+            assert kwargs["SWITCHES"].SCHEDULE != 3
+        fp16 = fwd_launch.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
+                                      0.125, causal, True, run)  # FROZEN_MAX is for bf16 only
+        assert fp16[2]["SWITCHES"].FROZEN_MAX is False and fp16[2]["SWITCHES"].SCHEDULE == kwargs["SWITCHES"].SCHEDULE
+        fp16_counter = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, fp16[1]))["counter"]
+        assert (fp16_counter is None) == (kwargs["SWITCHES"].SCHEDULE != 3)
+        if fp16_counter is not None:
+            assert fp16_counter.numel() == 1
+
+
+def test_dispatch_by_head_dim_mask_and_query_rows(monkeypatch):
+    """On sm90 (pretended here) D=64 takes the Hopper kernel from configs' min_seqlen_q query rows (the longest
+    sequence when packed), three consumer warpgroups both masks; D=128 always, Q in registers from its threshold."""
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
+
+    def picked(seqlen, head_dim, causal, packed_max=None):
+        q = torch.randn(1, seqlen, 2, head_dim, dtype=torch.bfloat16)
+        if packed_max is not None:
+            q = q[0]
+        return dispatch.hopper_forward_config(q, q, q, (-1, 0) if causal else (-1, -1), packed_max)
+
+    if not GLUON_VERSION_OK:
+        assert picked(16384, 64, False) is None and picked(16, 128, False) is None
+        return
+    full = configs.FWD_HOPPER[(64, False)]
+    assert full.min_seqlen_q > 1 and full.below is None
+    assert picked(full.min_seqlen_q - 1, 64, False) is None
+    assert picked(full.min_seqlen_q, 64, False) is full
+    assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q) is full
+    assert picked(full.min_seqlen_q, 64, False, packed_max=full.min_seqlen_q - 1) is None
+    three = configs.FWD_HOPPER[(64, True)]
+    two = three.below
+    assert (three.block_m, two.block_m, two.below) == (192, 128, None) and three.min_seqlen_q > two.min_seqlen_q > 1
+    assert picked(two.min_seqlen_q - 1, 64, True) is None
+    assert picked(two.min_seqlen_q, 64, True) is two and picked(three.min_seqlen_q - 1, 64, True) is two
+    assert picked(three.min_seqlen_q, 64, True) is three
+    for causal in (False, True):
+        top = configs.FWD_HOPPER[(128, causal)]
+        assert top.q_regs and not top.below.q_regs and top.below.below is None
+        assert picked(16, 128, causal) is top.below and picked(top.min_seqlen_q - 1, 128, causal) is top.below
+        assert picked(top.min_seqlen_q, 128, causal) is top
+
+
+def test_launch_arguments_with_three_consumer_warpgroups():
+    """D=64's config: 192-row Q tiles, read 64 rows per consumer; 16 warps enter with at most 128 registers
+    (16 x 32 x 128 = the 64K-register file) and the consumers ask for 160."""
+    cfg = configs.FWD_HOPPER[(64, False)]
+    assert cfg.block_m == 192 and cfg.block_m // 64 == 3
+    assert 16 * 32 * cfg.maxnreg <= 65536 and 128 * (3 * cfg.consumer_regs + 24) <= 65536
+    batch, seqlen, nheads = 2, 1000, 4
+    q, k, v = (torch.randn(batch, seqlen, nheads, 64, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
+    named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    assert named["n_m"] == 6 and named["n_bh"] == batch * nheads  # 1000 rows: 6 tiles of 192
+    assert kwargs["SWITCHES"].SCHEDULE == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
+    assert args[0].block_shape == [64, 64]
+    assert (kwargs["BLOCK_M"], kwargs["REGS"], kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
+
+
+def test_schedule_model_takes_every_tile_once():
+    """tools/fwd_schedule_model.py (the grid model behind docs/perf/forward.md v29) replicates the kernel's
+    _item: each of its orders takes every (head, Q tile) exactly once, for lengths 1-1,300 and grids of 1-132."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fwd_schedule_model
+    fwd_schedule_model.check_bijection()
+    assert fwd_schedule_model.busiest(2048, 256, 192, False, 2) < fwd_schedule_model.busiest(2048, 256, 192, False, 0)
+
+
+# GPU tier (`pytest -m gpu`): each test on both forward backends (forward_backend), real sizes, bf16 and fp16, against
+# the float64 reference.
 LOW = [torch.bfloat16, torch.float16]
 
 
-@pytest.fixture(autouse=True, params=["auto", "portable"])
+@pytest.fixture(params=["auto", "portable"])
 def forward_backend(request, monkeypatch):
     """Every test runs twice on sm90: "auto" takes the warp-specialized Hopper kernel wherever it applies
     (the portable kernel elsewhere), "portable" keeps to the portable one."""
@@ -29,6 +206,8 @@ def forward_backend(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 def test_hopper_kernel_covers_the_common_layouts(forward_backend):
     """The Hopper kernel, not the fallback, runs the shapes users time: flash-attn and SDPA layouts, GQA."""
     if torch.cuda.get_device_capability() != (9, 0):
@@ -94,12 +273,16 @@ def _large_cases():
                 yield pytest.param(seqlen, head_dim, dtype, id=f"n{seqlen}-d{head_dim}-{DTYPE_IDS[dtype]}")
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen, head_dim, dtype", list(_large_cases()))
 def test_large(seqlen, head_dim, dtype, causal):
     check(1, seqlen, seqlen, 2, 2, head_dim, dtype, causal)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("dtype", LOW, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("seqlens", [(1, 4097), (1000, 3000), (3000, 1000), (777, 777)],
                          ids=lambda s: f"q{s[0]}k{s[1]}")
@@ -108,16 +291,22 @@ def test_ragged_causal_gqa(head_dim, seqlens, dtype):
     check(2, *seqlens, 8, 2, head_dim, dtype, causal=True)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("window_size", [(256, 0), (100, 100), (-1, 64)], ids=lambda w: f"w{w[0]}_{w[1]}")
 def test_window(window_size):
     check(2, 2048, 2048, 4, 1, 128, torch.bfloat16, causal=False, window_size=window_size)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen(causal):
     check_varlen([1, 0, 2048, 300, 4000, 77], [1, 129, 2048, 5000, 4000, 0], 128, causal)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 def test_sdpa_entry_point():
     q, k, v = (randn(2, 16, 2048, 128, dtype=torch.bfloat16) for _ in range(3))
     with poisoned_outputs():
@@ -127,6 +316,8 @@ def test_sdpa_entry_point():
     assert_attention_close(out, ref, expected)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
 def test_deterministic(head_dim):
     q, k, v = (randn(4, 4096, 16, head_dim, dtype=torch.bfloat16) for _ in range(3))
@@ -134,6 +325,8 @@ def test_deterministic(head_dim):
     assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=True)) for _ in range(3))
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 def test_large_logits_bf16():
     q = randn(1, 4096, 4, 128, dtype=torch.bfloat16, scale=30.0)
     k, v = (randn(1, 4096, 4, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -142,6 +335,8 @@ def test_large_logits_bf16():
     assert_attention_close(out, ref, torch_attention(q, k, v, True))
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
     """192-row Q tiles shared by three consumer warpgroups (D=64's config), forced onto every shape: ragged
@@ -154,6 +349,8 @@ def test_three_consumer_warpgroups(causal, forward_backend, monkeypatch):
     check_hopper_config(three, 64, causal, monkeypatch)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 def test_d64_causal_config(forward_backend, monkeypatch):
     """D=64 causal's shipped config (three warpgroups, the softmax under P·V, items claimed from a counter), forced
     onto every shape."""
@@ -166,6 +363,8 @@ D256_OPTIONS = {"shipped": {}, "turns": dict(pingpong=True),
                 "plain": dict(pingpong=True, overlap_pv=False, persistent=False, early_p=False, balanced=False)}
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("options", list(D256_OPTIONS))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_d256_options(causal, options, forward_backend, monkeypatch):
@@ -177,6 +376,8 @@ def test_d256_options(causal, options, forward_backend, monkeypatch):
     check_hopper_config(cfg, 256, causal, monkeypatch)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.o_kstage (D=128: O turned into 16-byte row runs through each consumer's rows of the
@@ -189,6 +390,8 @@ def test_o_through_the_last_k_tile(causal, forward_backend, monkeypatch):
         check_hopper_config(cfg, 128, causal, monkeypatch)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_early_p(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.early_p (P to 16 bits at the end of each step): off at D=128 (shipped on), on at D=64
@@ -203,6 +406,8 @@ def test_early_p(causal, forward_backend, monkeypatch):
         check_hopper_config(three, 64, causal, monkeypatch)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_o_by_tma_store(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.o_tma (D=128, two K/V stages: O by TMA stores from a tile per consumer, which the
@@ -221,6 +426,8 @@ def test_o_by_tma_store(causal, forward_backend, monkeypatch):
     assert_attention_close(out, ref, torch_attention(q, k, v, causal, (-1, -1)))
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_q_in_registers(causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.q_regs (D=128: Q·Kᵀ takes Q from registers, and the loader may refill its tile as
@@ -233,6 +440,8 @@ def test_q_in_registers(causal, forward_backend, monkeypatch):
             check_hopper_config(cfg, 128, causal, monkeypatch)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("option", ["balanced"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -255,6 +464,8 @@ def _claims_configs():
             yield pytest.param(head_dim, i, id=f"d{head_dim}-config{i}")
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("head_dim, which", list(_claims_configs()))
 def test_claims(head_dim, which, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.claims (causal persistent grids claim each item from a counter: pairs of Q tiles in
@@ -271,6 +482,8 @@ def test_claims(head_dim, which, forward_backend, monkeypatch):
     assert fwd_schedule.COUNTERS and all(not c[:fwd_schedule.REDO_QUEUE].any() for c in fwd_schedule.COUNTERS.values())
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 def test_claims_under_cuda_graph(forward_backend, monkeypatch):
     """A launch captured in a CUDA graph claims from a counter of its own, which the graph zeroes before it (graphs
     replayed at once on two streams must not share one), not from the capturing stream's: two graphs of the same
@@ -339,6 +552,8 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000):
     assert all(not c[:fwd_schedule.REDO_QUEUE].any() for c in counters)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from helpers import ROOT
 
 from flashtile.bench.__main__ import table
 
@@ -57,8 +58,7 @@ def test_ncu_decode_summary_takes_each_kernels_first_value(tmp_path, capsys):
     """tools/ncu_decode.py --summarize: one row per kernel of ncu's details CSV, the first value of a metric
     that ncu lists twice (Duration in two sections), '–' for one it lacks."""
     import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).parents[1] / "tools" / "ncu_decode.py"
+    path = ROOT / "tools" / "ncu_decode.py"
     spec = importlib.util.spec_from_file_location("ncu_decode", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -80,10 +80,9 @@ def test_fwd_variants_sets_fields_and_runs_hopper_everywhere():
     min_seqlen_q (the top config runs at every length) and gives a causal head dim without a config a
     two-warpgroup one; other head dims untouched."""
     import importlib.util
-    import pathlib
 
     from flashtile import configs
-    path = pathlib.Path(__file__).parents[1] / "tools" / "fwd_variants.py"
+    path = ROOT / "tools" / "fwd_variants.py"
     spec = importlib.util.spec_from_file_location("fwd_variants", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -153,9 +152,8 @@ def test_paired_interval_holds_the_median():
     """tools/decode_paired.py: the bootstrap interval of the median ratio is a point for equal ratios and brackets
     the median of spread ones."""
     import importlib.util
-    import pathlib
     import statistics
-    path = pathlib.Path(__file__).parents[1] / "tools" / "decode_paired.py"
+    path = ROOT / "tools" / "decode_paired.py"
     spec = importlib.util.spec_from_file_location("decode_paired", path)
     paired = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(paired)

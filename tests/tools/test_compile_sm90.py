@@ -5,13 +5,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from flashtile import configs
 
-ROOT = Path(__file__).resolve().parents[1]
 SM90_SHARED_LIMIT = 232448  # bytes a block may use on sm90
 
 

@@ -1,49 +1,31 @@
-"""Backward, autograd and torch.compile (CPU tier: Triton interpreter, fp16/fp32)."""
+"""The portable backward (kernels/portable/bwd.py) and the autograd path around every backward: gradients, the
+LSE's gradient, torch.compile. CPU tier under the Triton interpreter (fp16/fp32); GPU tier (`pytest -m gpu`) at real
+sizes, with inductor and a short training run."""
 import pytest
 import torch
-from helpers import DEVICE, poisoned_outputs, randn, slack, torch_attention, torch_attention_varlen, varlen_inputs
+import torch.nn.functional as F
+from bwd_checks import (
+    assert_grads_close,
+    assert_graph_replays_like_eager,
+    assert_lse_gradients_close,
+    check,
+    check_gradients_into_given_tensors,
+    gradients,
+    grads_of_loss,
+)
+from helpers import (
+    DEVICE,
+    DTYPE_IDS,
+    guarded,
+    poisoned_outputs,
+    randn,
+    slack,
+    torch_attention_varlen,
+    varlen_inputs,
+)
 
 import flashtile
-from flashtile import ops, reference
-
-
-def gradients(fn, inputs, dout):
-    """(out, dq, dk, dv) of fn on fresh leaves."""
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    out.backward(dout)
-    return (out, *(t.grad for t in leaves))
-
-
-def assert_grads_close(ours, ref, baseline):
-    """Each of out, dq, dk, dv: max error within 2x PyTorch's own low-precision error plus a small atol
-    scaled to the tensor's size (at least one ulp of the dtype there)."""
-    for name, a, r, base in zip(("out", "dq", "dk", "dv"), ours, ref, baseline):
-        assert a.shape == r.shape, name
-        assert not a.isnan().any(), f"NaN in {name}"
-        err = (a.double() - r).abs().max().item()
-        base_err = (base.double() - r).abs().max().item()
-        bound = 2 * base_err + slack(r, a.dtype, scaled=True)
-        assert err <= bound, f"{name}: max error {err:.3g} > 2 x PyTorch's {base_err:.3g} + atol"
-
-
-def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal=False, window_size=(-1, -1),
-          deterministic=False, scale=1.0, inputs=None):
-    """``inputs(q, k)`` reshapes the normal draws of q and k (a distribution of scores to test)."""
-    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype, scale=scale)
-    k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
-    if inputs is not None:
-        q, k = inputs(q, k)
-    v = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
-    dout = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
-    with poisoned_outputs():
-        ours = gradients(lambda q, k, v: flashtile.flash_attn_func(
-            q, k, v, causal=causal, window_size=window_size, deterministic=deterministic), (q, k, v), dout)
-    ref = gradients(lambda q, k, v: reference.attention(q, k, v, causal=causal, window_size=window_size)[0],
-                    (q, k, v), dout.double())
-    base = gradients(lambda q, k, v: torch_attention(q, k, v, causal, window_size), (q, k, v), dout)
-    assert_grads_close(ours, ref, base)
-    return ours
+from flashtile import configs, ops, reference
 
 
 def _cases():
@@ -210,35 +192,6 @@ def test_lse_gradient(uses, causal, deterministic):
     assert_lse_gradients_close(q, k, v, dout, torch.randn(2, 4, 37, device=DEVICE), causal, deterministic)
 
 
-def assert_lse_gradients_close(q, k, v, dout, dlse, causal, deterministic):
-    """dQ, dK, dV of sum(out ∘ dout) + sum(lse · dlse) (no out term when dout is None) within 2x of PyTorch's own
-    error (the reference in the inputs' dtype) against float64 autograd through the reference."""
-    def loss_of(fn):
-        def loss(q, k, v):
-            out, lse = fn(q, k, v)
-            lse = torch.where(torch.isinf(lse), 0, lse)  # rows with no key: their LSE is -inf, its gradient 0
-            total = (lse.float() * dlse).sum()
-            return total if dout is None else total + (out.float() * dout.float()).sum()
-        return loss
-
-    def ours(q, k, v):
-        return flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
-                                         return_attn_probs=True)[:2]
-    got = _grads_of_loss(loss_of(ours), (q, k, v))
-    ref = _grads_of_loss(loss_of(lambda q, k, v: reference.attention(q, k, v, causal=causal)), (q, k, v), True)
-    base = _grads_of_loss(loss_of(lambda q, k, v: reference.attention(q, k, v, causal=causal, upcast=False)),
-                          (q, k, v))
-    for name, g, r, b in zip("qkv", got, ref, base):
-        err, base_err = (g.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
-        assert err <= 2 * base_err + 1e-2, (name, err, base_err)
-
-
-def _grads_of_loss(loss_fn, inputs, upcast=False):
-    leaves = [(t.double() if upcast else t).detach().clone().requires_grad_() for t in inputs]
-    grads = torch.autograd.grad(loss_fn(*leaves), leaves, allow_unused=True)  # the LSE alone does not use V
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
-
-
 def test_varlen_lse_gradient():
     """The same through flash_attn_varlen_func: its LSE (nheads, total_q) takes a gradient per packed row."""
     from flashtile.reference import attention_varlen
@@ -249,10 +202,10 @@ def test_varlen_lse_gradient():
     def ours(q, k, v):
         _, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 13, 13, causal=True, return_attn_probs=True)
         return (lse * dlse).sum()
-    got = _grads_of_loss(ours, (q, k, v))
-    ref = _grads_of_loss(lambda q, k, v: (attention_varlen(q, k, v, cu, cu, causal=True)[1].double() * dlse).sum(),
+    got = grads_of_loss(ours, (q, k, v))
+    ref = grads_of_loss(lambda q, k, v: (attention_varlen(q, k, v, cu, cu, causal=True)[1].double() * dlse).sum(),
                          (q, k, v), True)
-    base = _grads_of_loss(lambda q, k, v: (attention_varlen(q, k, v, cu, cu, causal=True, upcast=False)[1]
+    base = grads_of_loss(lambda q, k, v: (attention_varlen(q, k, v, cu, cu, causal=True, upcast=False)[1]
                                            * dlse).sum(), (q, k, v))
     for g, r, b in zip(got, ref, base):
         assert (g.double() - r).abs().max().item() <= 2 * (b.double() - r).abs().max().item() + 1e-2
@@ -320,29 +273,6 @@ def test_opcheck():
                                     True, False))
 
 
-def check_gradients_into_given_tensors(q, k, v, dout, deterministic, dlse, strided_v, dq_exact):
-    """ops.attention_backward(grads_out=, return_delta=True), causal: contiguous tensors are written and returned as
-    the gradients (a strided one, with ``strided_v`` for dV, is replaced by a new tensor); the gradients equal a plain
-    call's (dQ within float32 reordering unless ``dq_exact``); the delta returned is rowsum(dO ∘ O) − dLSE."""
-    scale = q.shape[-1] ** -0.5
-    out, lse = ops.attention_forward(q, k, v, scale, (-1, 0), True)
-    dlse = torch.randn_like(lse) if dlse else None
-    args = (dout, q, k, v, out, lse, scale, (-1, 0), True, deterministic)
-    want = ops.attention_backward(*args, dlse=dlse)
-    given = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    if strided_v:
-        given[2] = torch.full(v.transpose(1, 2).shape, float("nan"), dtype=v.dtype, device=DEVICE).transpose(1, 2)
-    *got, delta = ops.attention_backward(*args, dlse=dlse, grads_out=tuple(given), return_delta=True)
-    assert got[0] is given[0] and got[1] is given[1] and (got[2] is given[2]) != strided_v
-    if dq_exact:
-        assert torch.equal(got[0], want[0])
-    else:
-        torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=1e-2)
-    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-    torch.testing.assert_close(delta, rowsum - (0 if dlse is None else dlse), atol=1e-2, rtol=1e-3)
-
-
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_gradients_into_given_tensors_and_the_delta_used(deterministic):
     """check_gradients_into_given_tensors on the portable backward, dV's tensor strided."""
@@ -401,10 +331,9 @@ def test_offsets_never_leave_the_packed_tensors(deterministic):
     """With the value checks off (as on the GPU by default), cu_seqlens that decrease, start below 0 or end past
     the packed tensors give a wrong answer but no read outside q, k, v, dO: each sits between NaN guards, and out,
     LSE, dq, dk, dv stay finite (kernels/portable/packed.py clamps the offsets first)."""
-    from test_decode import _guarded
     total_q, total_k, nheads, head_dim = 40, 50, 2, 32
-    (q, _), (dout, _) = _guarded(total_q, nheads, head_dim), _guarded(total_q, nheads, head_dim)
-    (k, _), (v, _) = _guarded(total_k, 1, head_dim), _guarded(total_k, 1, head_dim)
+    (q, _), (dout, _) = guarded(total_q, nheads, head_dim), guarded(total_q, nheads, head_dim)
+    (k, _), (v, _) = guarded(total_k, 1, head_dim), guarded(total_k, 1, head_dim)
     cu_q = torch.tensor([-3, 25, 10, total_q + 9], dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0, 60, 20, total_k + 2], dtype=torch.int32, device=DEVICE)
     flashtile.set_value_checks(False)
@@ -417,3 +346,193 @@ def test_offsets_never_leave_the_packed_tensors(deterministic):
     for name, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
         assert t.isfinite().all(), name
     assert not lse.isnan().any()
+
+
+# GPU tier (`pytest -m gpu`): the backward at real sizes, torch.compile with inductor, a short training run.
+def _large_cases():
+    for head_dim in (64, 128, 256):
+        for seqlen in (1024, 4096, 8192):
+            for dtype in (torch.bfloat16, torch.float16):
+                if seqlen == 8192 and dtype != torch.bfloat16:
+                    continue
+                yield pytest.param(seqlen, head_dim, dtype, id=f"n{seqlen}-d{head_dim}-{DTYPE_IDS[dtype]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen, head_dim, dtype", list(_large_cases()))
+def test_large_gradients(seqlen, head_dim, dtype, causal):
+    check(1, seqlen, seqlen, 2, 2, head_dim, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_portable_backward_where_the_sm90_kernel_runs_by_default(monkeypatch, causal):
+    """D=128 goes to kernels/hopper/bwd.py on sm90; FLASHTILE_BWD_BACKEND=portable must still
+    give the one-launch portable backward there, and it must stay right."""
+    monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
+    check(2, 4096, 4096, 4, 2, 128, torch.bfloat16, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("head_dim", [40, 96, 128], ids=lambda d: f"d{d}")
+def test_ragged_gqa_gradients(head_dim, deterministic):
+    check(2, 1000, 3001, 8, 2, head_dim, torch.bfloat16, True, deterministic=deterministic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 64), (17, 64), (1000, 64), (1000, 128), (2049, 128), (300, 256)],
+                         ids=lambda s: f"n{s[0]}-d{s[1]}")
+def test_large_negative_scores_gradients_at_real_sizes(shape, dtype, deterministic):
+    """Scores of about -50 (negative_scores) with a ragged last K/V tile, on every backward the GPU picks: the
+    portable one (dQ by bulk reduce-add at D=64 non-causal under 4k keys, Q-tile programs at D=128 under 2k keys)
+    and the sm90 Gluon kernels (D=64 causal, D=128 from 2k keys, D=256 at every length)."""
+    seqlen, head_dim = shape
+    check(2, seqlen, seqlen, 3, 3, head_dim, dtype, False, deterministic=deterministic,
+                   inputs=negative_scores)
+
+
+@pytest.mark.gpu
+def test_window_gradients_2k():
+    check(1, 2048, 2048, 4, 1, 128, torch.bfloat16, False, window_size=(256, 0))
+
+
+@pytest.mark.gpu
+def test_varlen_gradients_2k():
+    seqlens_q, seqlens_k = [1, 0, 2048, 300, 1500], [1, 129, 2048, 2000, 0]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16)
+    dout = randn(*q.shape, dtype=torch.bfloat16)
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, causal=True),
+                     (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True)[0], (q, k, v),
+                    dout.double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, True), (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
+@pytest.mark.gpu
+def test_varlen_forward_backward_replay_in_cuda_graph():
+    """Varlen kernels build their descriptors on the device, in memory from Triton's allocator: a captured
+    step must replay on new inputs and match eager bitwise (deterministic dQ)."""
+    seqlens = [5, 2048, 700]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens, seqlens, 8, 2, 128, torch.bfloat16)
+    dout = randn(*q.shape, dtype=torch.bfloat16)
+    for t in (q, k, v):
+        t.requires_grad_()
+
+    def step():
+        out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, causal=True, deterministic=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    assert_graph_replays_like_eager(step, (q, k, v, dout))
+
+
+@pytest.mark.gpu
+def test_deterministic_is_bitwise_reproducible():
+    q, k, v, dout = (randn(2, 4096, h, 128, dtype=torch.bfloat16) for h in (16, 4, 4, 16))
+    runs = [gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True),
+                      (q, k, v), dout) for _ in range(3)]
+    assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+
+
+@pytest.mark.gpu
+def test_torch_compile_inductor_fullgraph():
+    torch.manual_seed(0)
+    model = Block(dim=1024, nheads=8).cuda().to(torch.bfloat16)
+    x = randn(4, 1024, 1024, dtype=torch.bfloat16)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x)
+    out.float().square().mean().backward()
+    assert (out.float() - eager.float()).abs().max().item() < 2e-2
+
+
+class TinyTransformer(torch.nn.Module):
+    """Two pre-norm blocks; ``attention`` is flash_attn_func-shaped."""
+
+    def __init__(self, attention, dim=256, nheads=4, layers=2, vocab=512):
+        super().__init__()
+        self.attention, self.nheads = attention, nheads
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict(dict(
+            norm1=torch.nn.LayerNorm(dim), qkv=torch.nn.Linear(dim, 3 * dim), proj=torch.nn.Linear(dim, dim),
+            norm2=torch.nn.LayerNorm(dim), mlp=torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                                                   torch.nn.Linear(4 * dim, dim))))
+            for _ in range(layers))
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        b, n, d = x.shape
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["norm1"](x)).view(b, n, 3, self.nheads, d // self.nheads).unbind(2)
+            x = x + blk["proj"](self.attention(q, k, v).reshape(b, n, d))
+            x = x + blk["mlp"](blk["norm2"](x))
+        return self.head(x)
+
+
+def sdpa_attention(q, k, v):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=True).transpose(1, 2)
+
+
+@pytest.mark.gpu
+def test_training_losses_track_sdpa():
+    losses = {}
+    for name, attention in (("flashtile", lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True)),
+                            ("sdpa", sdpa_attention)):
+        torch.manual_seed(0)
+        model = TinyTransformer(attention).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.randint(0, 512, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        losses[name] = []
+        for _ in range(30):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(data[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, 512), data[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    ours, theirs = torch.tensor(losses["flashtile"]), torch.tensor(losses["sdpa"])
+    assert ours[-1] < ours[0] - 0.5, "the model did not learn"
+    assert (ours - theirs).abs().max().item() < 0.1, (losses["flashtile"], losses["sdpa"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_softcap_alibi_gradients_bf16(causal):
+    """softcap 30 and ALiBi together at D=128 in bf16 (the portable kernels take these calls on sm90 too)."""
+    q = randn(2, 1024, 8, 128, dtype=torch.bfloat16, scale=2.0)
+    k, v = (randn(2, 1536, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    dout = randn(2, 1024, 8, 128, dtype=torch.bfloat16)
+    kwargs = dict(causal=causal, softcap=30.0, alibi_slopes=_slopes(8))
+    ours = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, **kwargs), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, **kwargs)[0], (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: reference.attention(q, k, v, upcast=False, **kwargs)[0], (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend, head_dim, causal, deterministic", [
+    ("portable", 128, True, False), ("portable", 64, False, True), ("auto", 128, False, False),
+    ("auto", 128, True, False), ("auto", 64, True, True), ("auto", 256, False, False)],
+    ids=["portable-d128-causal", "portable-d64-deterministic", "hopper-d128-one-pass", "hopper-d128-causal",
+         "hopper-d64-deterministic", "hopper-d256"])
+def test_a_repeated_backward_replays_its_launches(backend, head_dim, causal, deterministic, monkeypatch):
+    """A training loop repeats its shapes: from the second step every backward launch is replayed
+    (kernels/common/replay.py) with the step's own tensors, and the gradients stay right."""
+    from flashtile.kernels.common import replay
+    if backend == "auto" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 backward")
+    monkeypatch.setattr(configs, "BWD_BACKEND", backend)
+    replayed = []
+    launch = replay.Replay.launch
+    monkeypatch.setattr(replay.Replay, "launch", lambda self, *a: (replayed.append(self), launch(self, *a))[1])
+    for _ in range(2):
+        replayed.clear()
+        check(2, 300, 300, 4, 2, head_dim, torch.bfloat16, causal, deterministic=deterministic)
+    assert replayed or not replay.REPLAY_OK

@@ -1,0 +1,376 @@
+"""The sm90 backward (kernels/hopper/bwd.py, bwd_dq.py, bwd_split.py). On any machine: its launch arguments, the
+order of its launches and its dispatch. GPU tier (`pytest -m gpu`): gradients at real sizes in both designs, CUDA
+graphs, the deterministic flag, the LSE's gradient."""
+import dataclasses
+
+import pytest
+import torch
+from bwd_checks import assert_graph_replays_like_eager, check
+from helpers import DTYPE_IDS, randn
+
+import flashtile
+from flashtile import configs, dispatch
+from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+
+
+def test_backward_launch_arguments():
+    """kernels/hopper/bwd.py: a program per 128-key tile and (batch, KV head); Q, dO read as
+    64-row tiles and K, V as the consumers' 64-key halves; the causal diagonal from the alignment."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 8, 300)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for bottom_right, diag in ((True, 200), (False, 0)):
+        grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, bottom_right)
+        assert grid == (4, 4)
+        assert [d.block_shape for d in args[:4]] == [[64, 128], [64, 128], [64, 128], [64, 128]]
+        names = bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names
+        values = dict(zip(names, args))
+        assert (values["seqlen_q"], values["seqlen_k"], values["diag"], values["group"]) == (300, 500, diag, 4)
+        assert (values["q_rows_b"], values["q_col_h"], values["k_rows_b"], values["k_col_h"]) == (300, 128, 500, 128)
+        assert kwargs["CAUSAL"] and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
+
+
+def test_backward_dispatch(monkeypatch):
+    """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
+    "portable" never; other head dims, windows and packed batches stay portable."""
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
+    ok = GLUON_VERSION_OK
+
+    def taken(backend, seqlen_k, head_dim=128, window=(-1, 0), packed=False):
+        monkeypatch.setattr(configs, "BWD_BACKEND", backend)
+        q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
+        return dispatch.takes_hopper_backward(q, k, k, q, window, packed)
+
+    assert {d for d, _ in configs.BWD_HOPPER} == {64, 128, 256}
+    for (head_dim, causal), config in configs.BWD_HOPPER.items():
+        window = (-1, 0) if causal else (-1, -1)
+        assert taken("auto", 1, head_dim, window) == taken("auto", 4096, head_dim, window) == ok
+    assert not taken("portable", 4096)
+    assert not taken("auto", 4096, head_dim=96)
+    assert not taken("auto", 4096, window=(256, 0))
+    assert not taken("auto", 4096, packed=True)
+
+
+class _Recorder:
+    """Stands in for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` appends (name, args, kwargs) to calls."""
+
+    def __init__(self, name, kernel, calls):
+        self.name, self.arg_names, self.calls = name, kernel.arg_names, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, args, kwargs))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal):
+    """The sm90 backward in two kernels is two launches: the Gluon dQ kernel (configs.HopperBwdConfig.dq_hopper),
+    which writes delta, then the Gluon dK/dV kernel reading that same delta; each with the tiles of
+    configs.BWD_HOPPER."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+    calls = []
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
+                        _Recorder("dkdv", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
+    monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
+                        _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
+    table = dict(configs.BWD_HOPPER)
+    dq_hopper = configs.HopperDqConfig(block_n=128)
+    for causal_ in (False, True):
+        table[(128, causal_)] = dataclasses.replace(table[(128, causal_)], dq_hopper=dq_hopper, single_pass=False)
+    monkeypatch.setattr(configs, "BWD_HOPPER", table)
+    q, dout, out = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 256)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True)
+    assert [c[0] for c in calls] == ["dq", "dkdv"]
+    _, dq_args, dq_kwargs = calls[0]
+    config = table[(128, causal)]
+    dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, dq_args))
+    assert dq_named["dQ"] is grads[0] and dq_named["O"] is out and dq_named["LSE"] is lse
+    assert dq_kwargs["CAUSAL"] == causal and dq_kwargs["BLOCK_N"] == 128 and dq_kwargs["BLOCK_M"] == 128
+    delta = dq_named["Delta"]
+    named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
+    assert named["Delta"] is delta and named["dK"] is grads[1] and named["dV"] is grads[2]
+    assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages
+
+
+@pytest.mark.parametrize("dlse", [False, True], ids=["plain", "dlse"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, causal, dlse):
+    """D=256 (configs.HopperBwdConfig.split_gradients): the Gluon dQ kernel writes delta, then the dK/dV kernel of
+    kernels/hopper/bwd_split.py reads it, 64 keys a program, GQA groups walked inside; with an LSE gradient a
+    preprocess launch writes delta − dLSE first and the dQ kernel reads it (DELTA_IN) instead of computing delta."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+    from flashtile.kernels.hopper import bwd_split as bwd_split_hopper
+    from flashtile.kernels.portable import bwd
+    calls = []
+
+    preprocessed = []
+
+    def preprocess(*args, **kwargs):
+        calls.append(("preprocess", args, kwargs))
+        preprocessed.append(torch.zeros(args[2].shape))
+        return preprocessed[-1]
+    monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
+    monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
+                        _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
+    monkeypatch.setattr(bwd_split_hopper, "flash_bwd_dkdv_split_kernel",
+                        _Recorder("split", bwd_split_hopper.flash_bwd_dkdv_split_kernel, calls))
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
+                        _Recorder("paired", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
+    q, dout, out = (torch.randn(2, 300, 8, 256, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(2, 300, 2, 256, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 8, 300)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    dlse_t = torch.randn(2, 8, 300) if dlse else None
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, dlse=dlse_t)
+    assert [c[0] for c in calls] == (["preprocess"] if dlse else []) + ["dq", "split"]
+    config = configs.BWD_HOPPER[(256, causal)]
+    dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, calls[-2][1]))
+    assert calls[-2][2]["DELTA_IN"] == dlse and calls[-2][2]["BLOCK_N"] == config.dq_hopper.block_n
+    named = dict(zip(bwd_split_hopper.flash_bwd_dkdv_split_kernel.arg_names, calls[-1][1]))
+    assert named["Delta"] is dq_named["Delta"] and named["dK"] is grads[1] and named["dV"] is grads[2]
+    if dlse:  # the preprocess launch subtracts dLSE itself; its delta is what the kernels read
+        assert calls[0][2]["dlse"] is dlse_t and named["Delta"] is preprocessed[0]
+    assert named["group"] == 4 and named["nheads_k"] == 2 and named["seqlen_k"] == 300
+    assert calls[-1][2]["CAUSAL"] == causal and calls[-1][2]["BLOCK_N"] == config.block_n == 64
+
+
+def test_hopper_backward_configs_can_run_deterministically():
+    """Every sm90 backward config can run deterministic=True (two kernels, the Gluon dQ kernel first); one pass and
+    one warpgroup per gradient exclude each other."""
+    for config in configs.BWD_HOPPER.values():
+        assert isinstance(config.dq_hopper, configs.HopperDqConfig)
+        assert not (config.single_pass and config.split_gradients)
+        assert config.design(deterministic=True) != "one pass"  # bitwise reproducible: no reduce-add into dQ
+    assert configs.BWD_HOPPER[(256, False)].design() == "split gradients"
+    assert configs.BWD_HOPPER[(128, False)].design() == "one pass"
+    with pytest.raises(ValueError, match="split_gradients"):
+        configs.HopperBwdConfig(dq_hopper=configs.HopperDqConfig(), single_pass=True, split_gradients=True)
+    with pytest.raises(ValueError, match="block_m=96"):
+        configs.HopperBwdConfig(dq_hopper=configs.HopperDqConfig(), single_pass=True, block_m=96)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
+    """configs.HopperBwdConfig.single_pass: delta and a zeroed float32 dQ (head-major, whole Q tiles) by one launch,
+    then the dK/dV kernel handing dS·K to the copy engine's reduce into that dQ, then dQ cast into the caller's
+    tensor; deterministic=True keeps the two kernels without atomics."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
+    from flashtile.kernels.portable import bwd
+    calls = []
+
+    def preprocess(*args, **kwargs):
+        calls.append(("preprocess", args, kwargs))
+        return torch.zeros(args[2].shape), torch.zeros(kwargs["zeroed"])
+    monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
+    monkeypatch.setattr(bwd, "launch_dq_cast", lambda *args: calls.append(("cast", args, {})))
+    monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))
+    monkeypatch.setattr(bwd_hopper, "flash_bwd_dkdv_hopper_kernel",
+                        _Recorder("dkdv", bwd_hopper.flash_bwd_dkdv_hopper_kernel, calls))
+    monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
+                        _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
+    table = {key: c if c.split_gradients else dataclasses.replace(c, single_pass=True)
+             for key, c in configs.BWD_HOPPER.items()}
+    monkeypatch.setattr(configs, "BWD_HOPPER", table)
+    q, dout, out = (torch.randn(2, 200, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 200)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, deterministic)
+    if deterministic:
+        assert [c[0] for c in calls] == ["dq", "dkdv"]
+        assert not calls[1][2]["DQ_REDUCE"]
+        return
+    assert [c[0] for c in calls] == ["preprocess", "dkdv", "cast"]
+    block_m = table[(128, causal)].block_m
+    assert calls[0][2]["zeroed"] == (2, 4, -(-200 // block_m) * block_m, 128)
+    named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
+    dq_acc = calls[2][1][0]  # what the cast reads: the preprocess's zeroed tensor
+    assert calls[1][2]["DQ_REDUCE"] and dq_acc.shape == calls[0][2]["zeroed"]
+    desc = named["dQacc"]  # the reduce's view of it: rows of 32 floats, a [128, 32] box per warpgroup and step
+    assert desc.base.data_ptr() == dq_acc.data_ptr() and desc.shape == [dq_acc.numel() // 32, 32]
+    assert desc.block_shape == [128, 32]
+    assert named["stride_dqb"] == dq_acc.stride(0) // 32 and named["stride_dqh"] == dq_acc.stride(1) // 32
+    assert calls[2][1][1] is grads[0] and calls[2][1][2] == 0.1
+
+
+# GPU tier (`pytest -m gpu`): on sm90 only (hopper_backward), against the float64 reference beside PyTorch's own
+# error.
+@pytest.fixture
+def hopper_backward(monkeypatch):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is for sm90")
+    monkeypatch.setattr(configs, "BWD_BACKEND", "auto")
+
+
+def _with_single_pass(single):
+    """configs.BWD_HOPPER with the D=64 and D=128 entries in one pass or two kernels (D=256 has two kernels only)."""
+    return {key: c if c.split_gradients else dataclasses.replace(c, single_pass=single)
+            for key, c in configs.BWD_HOPPER.items()}
+
+
+@pytest.fixture(params=["single-pass", "two-kernels"])
+def bwd_path(request, monkeypatch):
+    """Either design of the sm90 backward at D=64 and D=128 (configs.HopperBwdConfig.single_pass)."""
+    monkeypatch.setattr(configs, "BWD_HOPPER", _with_single_pass(request.param == "single-pass"))
+    return request.param
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+def test_taken_for_the_shapes_it_covers():
+    for d in (64, 128, 256):
+        q, k = randn(1, 256, 4, d, dtype=torch.bfloat16), randn(1, 256, 2, d, dtype=torch.bfloat16)
+        assert dispatch.takes_hopper_backward(q, k, k, q, (-1, -1), False)
+        assert dispatch.takes_hopper_backward(q, k, k, q, (-1, 0), False)
+        assert not dispatch.takes_hopper_backward(q, k, k, q, (128, 0), False)
+    assert not dispatch.takes_hopper_backward(q[..., :96], k[..., :96], k[..., :96], q[..., :96], (-1, -1), False)
+
+
+SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),
+          (3, 17, 113, 2, 1)]
+
+
+def shape_id(s):
+    return f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}-hk{s[4]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_gradients(head_dim, shape, causal, dtype, bwd_path):
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_gradients_into_given_tensors_and_the_delta_used(head_dim, with_dlse, bwd_path):
+    """test_bwd.check_gradients_into_given_tensors on the sm90 backward (the flash_attn shim's call), each design."""
+    from bwd_checks import check_gradients_into_given_tensors
+    q, dout = (randn(2, 1000, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 1000, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    check_gradients_into_given_tensors(q, k, v, dout, False, with_dlse, False, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_gradients_d256(shape, causal, dtype):
+    """D=256: the dQ kernel, then one warpgroup per gradient (kernels/hopper/bwd_split.py)."""
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 256, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_forward_backward_replay_in_cuda_graph(head_dim):
+    """The launches of the deterministic sm90 backward (dQ writing delta, then dK/dV) inside a captured step:
+    replayed on new inputs, bitwise equal to eager (neither uses atomics)."""
+    q, dout = (randn(2, 2048, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 2048, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    q.requires_grad_()
+
+    def step():
+        out = flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    assert_graph_replays_like_eager(step, (q, k, v, dout))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_single_pass_in_cuda_graph(causal, head_dim, monkeypatch):
+    """The single-pass backward (delta and zeroed dQ, dK/dV with dQ atomics, dQ cast) captured and replayed on new
+    inputs: dK, dV bitwise equal to eager, dQ within float32 reordering of it."""
+    monkeypatch.setattr(configs, "BWD_HOPPER", _with_single_pass(True))
+    q, dout = (randn(2, 2048, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 2048, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    q.requires_grad_()
+
+    def step():
+        out = flashtile.flash_attn_func(q, k, v, causal=causal)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        for t in (q, k, v, dout):
+            t.copy_(randn(*t.shape, dtype=t.dtype))
+    graph.replay()
+    eager = step()
+    for i, (got, want) in enumerate(zip(captured, eager)):
+        if i == 1:
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
+        else:
+            assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deterministic_is_bitwise_stable(causal, head_dim, monkeypatch):
+    """With single_pass on, deterministic=True still takes the two kernels without atomics: equal run to run."""
+    monkeypatch.setattr(configs, "BWD_HOPPER", _with_single_pass(True))
+    q, dout = (randn(2, 3000, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 3000, 2, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    q.requires_grad_()
+    runs = []
+    for _ in range(3):
+        out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("dq_kernel", ["gluon", "gluon-128keys"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES[1:3] + SHAPES[4:], ids=shape_id)
+def test_either_dq_tile(shape, causal, dq_kernel, monkeypatch):
+    """The dQ half of the sm90 backward (two kernels) with either tile of the Gluon dQ kernel
+    (configs.HopperBwdConfig.dq_hopper)."""
+    dq_hopper = {"gluon": configs.HopperDqConfig(), "gluon-128keys": configs.HopperDqConfig(block_n=128)}[dq_kernel]
+    table = {key: dataclasses.replace(c, dq_hopper=dq_hopper, single_pass=False) if key[0] == 128 else c
+             for key, c in configs.BWD_HOPPER.items()}
+    monkeypatch.setattr(configs, "BWD_HOPPER", table)
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 128, torch.bfloat16, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lse_gradient(causal, deterministic, head_dim):
+    """A loss of out and the returned LSE at a size the sm90 backward takes (delta - dLSE from a preprocess launch,
+    into the one pass or the dQ kernel): dQ, dK, dV within 2x of bf16 PyTorch's error against float64."""
+    from bwd_checks import assert_lse_gradients_close
+    q = randn(1, 2048, 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(1, 2048, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    assert_lse_gradients_close(q, k, v, randn(1, 2048, 4, head_dim, dtype=torch.bfloat16),
+                               torch.randn(1, 4, 2048, device="cuda"), causal, deterministic)
