@@ -2,7 +2,7 @@
 
 With FROZEN_MAX each K/V tile after an item's first is exponentiated against a reference that moves up only
 every few tiles, so P may exceed 1. That is exact in floating point as long as nothing overflows; O or a row sum
-that is not finite (a score some 100 log2 units above everything before it, or inf / NaN in the inputs) sends the
+that is not finite (a score some 150 log2 units above everything before it, or inf / NaN in the inputs) sends the
 warpgroup's 64 rows here:
 the plain online softmax (online_softmax_step, each tile's own maxima), with pointer loads and mma.sync from
 global memory. It runs rarely, so it is written to be read, not to be fast.

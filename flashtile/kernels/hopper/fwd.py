@@ -25,9 +25,10 @@ a row add once per item, not every step.
 FROZEN_MAX (bf16): every K/V tile after an item's first is exponentiated against a reference kept per row, not
 against the tile's own row maxima, so a step has no row maximum, no rescaling of O and no correction of l; P may
 exceed 1, which floating point carries exactly until something overflows. The reference starts at the first tile's
-row maxima; at every eighth tile, rows whose sum has reached 2^16 move it up by ⌊log2 l⌋ and scale O and l by that
-power of two (_rebase), so scores that rise along the keys cost what random ones do. Only a score more than about
-100 log2 units above everything before it overflows float32: a warpgroup whose O or row sums are then not finite
+row maxima; at an item's second tile and every eighth after, rows whose sum has reached 2^-32 move it up by
+⌊log2 l⌋ + 48 and scale O and l by that power of two (_rebase), so that a row's sum sits near 2^-48 with room to grow
+and scores that rise along the keys cost what random ones do. Only a score more than about 150 log2 units above
+everything before it overflows float32: a warpgroup whose O or row sums are then not finite
 stores nothing and queues its rows in ``counter``; once every program is done, the launch's last one recomputes
 them exactly (kernels/hopper/exact_rows.py).
 
