@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd]
+#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
+# redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
+# `mkdir -p .before && git archive e8d4ab3 flashtile | tar -x -C .before` here first and carry .before).
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -57,6 +59,18 @@ for step in "$@"; do
                 done ;;
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
                    | grep '^|' | tee "$out/clock-probe.md" ;;
+    redesign-bench|redesign-decode)  # issue 38's bar: .before/flashtile (carried) against this tree, one after the other
+      for tree in before after; do
+        root=$PWD; [ $tree = before ] && root=$PWD/.before
+        if [ $step = redesign-bench ]; then
+          PYTHONPATH=$root timeout 280 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
+            --rounds 1 --warm-gpu 5 --out "$out/$tree" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
+        else
+          PYTHONPATH=$root timeout 280 python3 -m flashtile.bench.decode --rounds 2 --out "$out/$tree" 2>&1 \
+            | grep "^|" | tee -a "$out/redesign.log"
+        fi
+      done
+      python3 scripts/redesign_compare.py "$out/before" "$out/after" | tee "$out/redesign-compare.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac
