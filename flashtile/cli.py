@@ -136,6 +136,21 @@ def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=
     return dispatch.forward(q, k, k, window), dispatch.backward(q, k, k, q, window, deterministic=deterministic)
 
 
+def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
+    """What an sm90 GPU runs for flash_attn_func's forward on bf16 tensors of that shape, on any machine: (config,
+    compile-time switches) of kernels/hopper/fwd.py, or None where it runs the portable kernel."""
+    from . import configs, dispatch
+    if configs.FWD_BACKEND == "portable":
+        return None
+    q = torch.empty(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16)
+    config = dispatch.hopper_forward_pick(q, k, k, (-1, 0) if causal else (-1, -1))
+    if config is None:
+        return None
+    from .kernels.hopper import fwd_launch
+    return config, fwd_launch.switches(q, k, k, causal, config)
+
+
 def decode_plan(batch, cache_len, nheads, nheads_k, head_dim):
     """flash_attn_with_kvcache's plan for one new token a sequence over a (batch, cache_len, nheads_k, head_dim)
     cache, flash-attn's layout, on this machine's device (as call_plans)."""
@@ -160,6 +175,13 @@ def info(args):
     print(f"  backward: {backward}")
     print(f"  decode, one new token over {args.cache_len} cached keys (flash_attn_with_kvcache): "
           f"{decode_plan(args.batch, args.cache_len, args.heads, kv_heads, args.head_dim)}")
+    hopper = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, args.causal)
+    if hopper is None:
+        print("on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/portable/fwd.py")
+    else:
+        config = ", ".join(f"{name}={value!r}" for name, value in vars(hopper[0]).items() if name != "below")
+        print(f"on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/hopper/fwd.py with "
+              f"{type(hopper[0]).__name__}({config}), compiled with {hopper[1]}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
         from . import configs

@@ -56,6 +56,13 @@ def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win
     configs by min_seqlen_q, the kernel's ``supports``), else None."""
     if configs.FWD_BACKEND == "portable" or arch(q.device) != (9, 0) or interpreter_enabled():
         return None
+    return hopper_forward_pick(q, k, v, window_size, seqlen_q)
+
+
+def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
+                        seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
+    """hopper_forward_config on any device: the config of the head dim's chain for the call's query rows, where the
+    kernel's ``supports`` takes the call, else None (``flashtile info`` says what an sm90 GPU would run)."""
     rows = q.shape[1] if seqlen_q is None else seqlen_q
     chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((q.shape[-1], is_causal(window_size))))
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)

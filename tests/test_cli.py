@@ -86,3 +86,24 @@ def test_info_prints_the_plans_of_a_call(capsys):
     assert str(forward).startswith("kernels/") and " with " in str(backward)
     with pytest.raises(SystemExit):
         cli.main(["info", "--heads", "8", "--kv-heads", "3"])
+
+
+@pytest.mark.parametrize("shape, kernel", [(["--causal"], "hopper"),
+                                           (["--head-dim", "256", "--seqlen", "1024"], "hopper"),
+                                           (["--head-dim", "40"], "portable")], ids=["d128-causal", "d256", "d40"])
+def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, capsys):
+    """On any machine ``info`` names the sm90 forward's kernel for the call; for the Hopper kernel, the config its
+    chain picks for the call's rows and the compile-time switches its launch derives (bf16: FROZEN_MAX)."""
+    from flashtile import configs
+    assert cli.main(["info", *shape]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("on an sm90 GPU"))
+    assert f"kernels/{kernel}/fwd.py" in line
+    if kernel == "hopper":
+        causal, head_dim = "--causal" in shape, int(shape[1]) if shape[0] == "--head-dim" else 128
+        seqlen = int(shape[3]) if len(shape) > 2 else 4096
+        chain = configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)])
+        picked = next(c for c in chain if seqlen >= c.min_seqlen_q)
+        assert f"block_m={picked.block_m}, block_n={picked.block_n}" in line and "below=" not in line
+        assert f"FwdSwitches(CAUSAL={causal}," in line
+        assert f"FROZEN_MAX={picked.frozen_max}" in line
+

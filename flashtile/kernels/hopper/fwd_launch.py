@@ -49,6 +49,14 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         replay.run(q.device, *descs, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
+def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object) -> FwdSwitches:
+    """The compile-time switches a batch-mode launch of ``config`` on tensors shaped like q, k, v takes, from
+    launch_args on new tensors of the call's shapes, on q's device (``flashtile info`` prints them)."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+    return launch_args(q, k, v, out, lse, None, None, None, 1.0, causal, True, config)[2]["SWITCHES"]
+
+
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
                 config, counter=None):
     """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
