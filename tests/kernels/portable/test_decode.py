@@ -1008,9 +1008,6 @@ def test_decode_loop_replays_see_each_steps_tensors(page_size):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
 def test_decode_with_rotary_bf16(interleaved):
     """Rotary on q and the appended k at real sizes in bf16 (the interpreter's bf16 is not trusted)."""
-    from test_decode import _rotary_table
-
-    from flashtile import reference
     batch, capacity, nheads, nheads_k, head_dim = 4, 8192, 32, 8, 128
     lengths = [0, 3000, capacity - 1, 777]
     q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16)
