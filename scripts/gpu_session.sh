@@ -59,18 +59,19 @@ for step in "$@"; do
                 done ;;
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
                    | grep '^|' | tee "$out/clock-probe.md" ;;
-    redesign-bench|redesign-decode)  # issue 38's bar: .before/flashtile (carried) against this tree, one after the other
-      for tree in before after; do
-        root=$PWD; [ $tree = before ] && root=$PWD/.before
+    redesign-bench|redesign-decode)  # issue 38's bar: .before/flashtile (carried) against this tree, in turns
+      for run in before-1 after-1 after-2 before-2; do  # ABBA: neither tree always runs on a warmer GPU
+        tree=${run%-*} root=$PWD; [ $tree = before ] && root=$PWD/.before
         if [ $step = redesign-bench ]; then
-          PYTHONPATH=$root timeout 280 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
-            --rounds 1 --warm-gpu 5 --out "$out/$tree" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
+          PYTHONPATH=$root timeout 150 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
+            --rounds 1 --warm-gpu 5 --out "$out/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
         else
-          PYTHONPATH=$root timeout 280 python3 -m flashtile.bench.decode --rounds 2 --out "$out/$tree" 2>&1 \
+          PYTHONPATH=$root timeout 140 python3 -m flashtile.bench.decode --rounds 2 --out "$out/$run" 2>&1 \
             | grep "^|" | tee -a "$out/redesign.log"
         fi
       done
-      python3 scripts/redesign_compare.py "$out/before" "$out/after" | tee "$out/redesign-compare.md" ;;
+      python3 scripts/redesign_compare.py "$out/before-1,$out/before-2" "$out/after-1,$out/after-2" \
+        | tee "$out/redesign-compare.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

@@ -1,10 +1,11 @@
 """Issue 38's speed bar: flashtile before and after the redesign, cell by cell, from two runs of the benchmarks
 (``python -m flashtile.bench --backward --peers flashtile`` and ``python -m flashtile.bench.decode``) written to
-BEFORE/ and AFTER/ (bench.json, decode.json). Prints each cell's speed after over before (forward, backward,
+BEFORE/ and AFTER/ (bench.json, decode.json); a side given as several folders (comma-separated, runs taking turns
+with the other side's) keeps each cell's best time. Prints each cell's speed after over before (forward, backward,
 forward + backward; decode eager), then the lowest and the median ratio against the bar (no cell under 0.95, the
 median at 0.99 or more).
 
-    python scripts/redesign_compare.py BEFORE AFTER
+    python scripts/redesign_compare.py BEFORE[,BEFORE2] AFTER[,AFTER2]
 """
 import json
 import statistics
@@ -31,6 +32,15 @@ def cells(folder):
     return out
 
 
+def best_cells(folders):
+    """cells() of each comma-separated folder, each cell's lowest time."""
+    out = {}
+    for folder in folders.split(","):
+        for key, time in cells(folder).items():
+            out[key] = min(time, out.get(key, time))
+    return out
+
+
 def compare(before, after):
     """[(pass, cell, speed after / before)] for the cells both runs have."""
     return [(name, cell, before[(name, cell)] / after[(name, cell)]) for name, cell in before if (name, cell) in after]
@@ -39,7 +49,7 @@ def compare(before, after):
 def main():
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
-    ratios = compare(cells(sys.argv[1]), cells(sys.argv[2]))
+    ratios = compare(best_cells(sys.argv[1]), best_cells(sys.argv[2]))
     if not ratios:
         raise SystemExit("no cell in both runs")
     print("| pass | cell | after / before (speed) |\n|---|---|---|")

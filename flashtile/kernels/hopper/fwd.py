@@ -52,18 +52,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LN2, online_softmax_step
-from .common import (
-    register_operand_layout,
-    wgmma_layout,
-)
+from .common import register_operand_layout, row_run_layout, wgmma_layout
 from .exact_rows import out_offsets, push_redo, redo
-from .fwd_schedule import (
-    WG_M,
-    lpt_item,
-    n_items,
-    tile_at,
-    work_tile,
-)
+from .fwd_schedule import WG_M, lpt_item, n_items, tile_at, work_tile
 
 HEADROOM = gl.constexpr(48)  # FROZEN_MAX: a rebased row's sum is about 2^-HEADROOM (P's room to grow)
 REBASE_AT = gl.constexpr(2.0**-32)  # FROZEN_MAX: a row sum at this moves the row's reference up ...
@@ -115,6 +106,7 @@ class Switches:
             setattr(self, name, gl.constexpr(value))
         self.MAY_BE_EMPTY = gl.constexpr(self.CAUSAL.value or self.IS_VARLEN.value)
 
+
 @aggregate
 class Ring:
     """The program's shared memory: each consumer's Q tile, the K/V stages and, with STAGE_O, each consumer's O tile;
@@ -140,18 +132,6 @@ class Ring:
         self.q_bar, self.q_free, self.k_ready, self.v_ready, self.k_free, self.v_free = (q_bar, q_free, k_ready,
                                                                                          v_ready, k_free, v_free)
         self.code, self.k_done, self.turn = code, k_done, turn
-
-
-@triton.constexpr_function
-def row_run_layout(n):
-    """A warpgroup's [64, n] tile with each thread holding runs of 8 columns of a row (16-byte stores, whole
-    32-byte sectors per quad of lanes): the wgmma result layout with two lane bits and two register bits swapped
-    (columns 2, 4 against 8, 16). Values move only within quads, but triton 3.6 converts through shared
-    memory, ~2 KB of scratch per consumer warpgroup: D=128's ring leaves 2.6 KB for two, so only D=64 uses it."""
-    return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < n],
-        lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
-        shape=[64, n])
 
 
 @gluon.jit
