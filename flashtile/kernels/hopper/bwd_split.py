@@ -22,7 +22,7 @@ from triton.language.core import _aggregate as aggregate
 from ..common.online_softmax import LOG2E
 from ..common.tiles import cdiv
 from .bwd_dq import backward_descriptors
-from .common import register_operand_layout, store_rows, wgmma_layout
+from .common import Views, as_tensor, register_operand_layout, store_rows, views, wgmma_layout
 
 
 @aggregate
@@ -50,18 +50,11 @@ class Smem:
 
 @aggregate
 class Problem:
-    """What every partition knows of the launch: sizes, the 2-D views' row arithmetic, scales, the LSE and delta
-    rows, and the tile shapes."""
+    """What every partition knows of the launch: sizes, where a head's rows sit (common.Views; dO's as Q's), scales,
+    the LSE and delta rows, and the tile shapes."""
     nheads_k: gl.tensor
     group: gl.tensor
-    q_rows_b: gl.tensor  # rows of the Q (and dO) view per batch, per head; the head's first column
-    q_rows_h: gl.tensor
-    q_col_h: gl.tensor
-    k_rows_b: gl.tensor
-    k_rows_h: gl.tensor
-    k_col_h: gl.tensor
-    seqlen_q: gl.tensor
-    seqlen_k: gl.tensor
+    views: Views
     diag: gl.tensor  # causal: query i sees keys up to i + diag
     qk_scale: gl.tensor  # softmax_scale · log2(e)
     LSE: gl.tensor
@@ -75,13 +68,9 @@ class Problem:
     CAUSAL: gl.constexpr
 
     @constexpr_function
-    def __init__(self, nheads_k, group, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q,
-                 seqlen_k, diag, qk_scale, LSE, Delta, stride_lb, stride_lh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                 CAUSAL):
-        self.nheads_k, self.group = nheads_k, group
-        self.q_rows_b, self.q_rows_h, self.q_col_h = q_rows_b, q_rows_h, q_col_h
-        self.k_rows_b, self.k_rows_h, self.k_col_h = k_rows_b, k_rows_h, k_col_h
-        self.seqlen_q, self.seqlen_k, self.diag, self.qk_scale = seqlen_q, seqlen_k, diag, qk_scale
+    def __init__(self, nheads_k, group, views, diag, qk_scale, LSE, Delta, stride_lb, stride_lh, HEAD_DIM, BLOCK_M,
+                 BLOCK_N, STAGES, CAUSAL):
+        self.nheads_k, self.group, self.views, self.diag, self.qk_scale = nheads_k, group, views, diag, qk_scale
         self.LSE, self.Delta, self.stride_lb, self.stride_lh = LSE, Delta, stride_lb, stride_lh
         self.HEAD_DIM = gl.constexpr(HEAD_DIM)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
@@ -101,40 +90,34 @@ class Problem:
         lo = 0
         if self.CAUSAL:
             lo = gl.maximum(start_n - self.diag, 0) // self.BLOCK_M
-        return lo, gl.cdiv(self.seqlen_q, self.BLOCK_M) - lo
+        return lo, gl.cdiv(self.views.seqlen_q, self.BLOCK_M) - lo
 
     @gluon.jit
     def row_stats(self, Stats, b, h, offs_m, other):
         """LSE or delta of the rows offs_m of query head h; ``other`` past the sequence."""
         base = Stats + b.to(gl.int64) * self.stride_lb + h.to(gl.int64) * self.stride_lh
-        return gl.load(base + offs_m, mask=offs_m < self.seqlen_q, other=other)
-
-
-@gluon.jit
-def _int(x):
-    """An integer argument as a tensor: one equal to 1 (or unused) arrives as a constant, which an aggregate's tensor
-    field does not take."""
-    return gl.to_tensor(x)
+        return gl.load(base + offs_m, mask=offs_m < self.views.seqlen_q, other=other)
 
 
 @gluon.jit
 def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
     """One warp: K and V once, then Q and dO of every (query head, Q tile) in turn."""
     start_n, b, h_k = pb.program()
-    k_row = b * pb.k_rows_b + h_k * pb.k_rows_h + start_n
+    k_row = b * pb.views.k_rows_b + h_k * pb.views.k_rows_h + start_n
     mbarrier.expect(smem.kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [k_row, h_k * pb.k_col_h], smem.kv_bar, smem.k)
-    tma.async_copy_global_to_shared(v_desc, [k_row, h_k * pb.k_col_h], smem.kv_bar, smem.v)
+    tma.async_copy_global_to_shared(k_desc, [k_row, h_k * pb.views.k_col_h], smem.kv_bar, smem.k)
+    tma.async_copy_global_to_shared(v_desc, [k_row, h_k * pb.views.k_col_h], smem.kv_bar, smem.v)
     lo, n_m = pb.steps(start_n)
     for t in range(pb.group * n_m):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * pb.group + t // n_m
-        row = b * pb.q_rows_b + h * pb.q_rows_h + (lo + t % n_m) * pb.BLOCK_M
+        row = b * pb.views.q_rows_b + h * pb.views.q_rows_h + (lo + t % n_m) * pb.BLOCK_M
         stage = t % pb.STAGES
         mbarrier.wait(smem.q_free.index(stage), ((t // pb.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, h * pb.q_col_h], smem.q_ready.index(stage), smem.q.index(stage))
+        tma.async_copy_global_to_shared(q_desc, [row, h * pb.views.q_col_h], smem.q_ready.index(stage),
+                                        smem.q.index(stage))
         mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, h * pb.q_col_h], smem.do_ready.index(stage),
+        tma.async_copy_global_to_shared(do_desc, [row, h * pb.views.q_col_h], smem.do_ready.index(stage),
                                         smem.do.index(stage))
 
 
@@ -162,11 +145,11 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
         s_t = warpgroup_mma_wait(0, deps=(s_t, ))  # [BLOCK_N, BLOCK_M]
         p_t = gl.exp2(s_t * pb.qk_scale - lse[None, :])
         if pb.CAUSAL:
-            if (last_key >= pb.seqlen_k) | (last_key > start_m + pb.diag):  # the diagonal, the end
-                ok = (offs_n < pb.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
+            if (last_key >= pb.views.seqlen_k) | (last_key > start_m + pb.diag):  # the diagonal, the end
+                ok = (offs_n < pb.views.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
         else:
-            p_t = gl.where((offs_n < pb.seqlen_k)[:, None], p_t, 0.0)
+            p_t = gl.where((offs_n < pb.views.seqlen_k)[:, None], p_t, 0.0)
         p_t = p_t.to(smem.q.dtype)
         mbarrier.wait(smem.p_free.index(t % 2), ((t // 2) & 1) ^ 1)
         smem.p.index(t % 2).store(p_t)
@@ -177,7 +160,7 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
                            is_async=True)
         dv = warpgroup_mma_wait(0, deps=(dv, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dv, dV, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+    store_rows(dv, dV, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
 
 
 @gluon.jit
@@ -208,7 +191,7 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
                            is_async=True)
         dk = warpgroup_mma_wait(0, deps=(dk, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+    store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
 
 
 @gluon.jit
@@ -239,9 +222,10 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
     for i in gl.static_range(2):
         mbarrier.init(smem.p_ready.index(i), count=1)
         mbarrier.init(smem.p_free.index(i), count=1)
-    pb = Problem(_int(nheads_k), _int(group), _int(q_rows_b), _int(q_rows_h), _int(q_col_h), _int(k_rows_b),
-                 _int(k_rows_h), _int(k_col_h), _int(seqlen_q), _int(seqlen_k), _int(diag), qk_scale, LSE, Delta,
-                 _int(stride_lb), _int(stride_lh), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+    pb = Problem(as_tensor(nheads_k), as_tensor(group),
+                 views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k), as_tensor(diag),
+                 qk_scale, LSE, Delta, as_tensor(stride_lb), as_tensor(stride_lh), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                 CAUSAL)
     gl.warp_specialize([
         (_dv_partition, (pb, smem, dV, stride_dvb, stride_dvn, stride_dvh)),
         (_dk_partition, (pb, smem, dK, stride_dkb, stride_dkn, stride_dkh, softmax_scale)),

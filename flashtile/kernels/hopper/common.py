@@ -11,6 +11,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
 
 # Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): these kernels are
 # written, tested and measured against triton 3.6; other versions use the portable kernel.
@@ -39,6 +40,40 @@ def row_run_layout(n):
         reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < n],
         lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
         shape=[64, n])
+
+
+@aggregate
+class Views:
+    """Where a head's rows sit in the 2-D views (view_layout): Q's and K's rows per batch and per head and the head's
+    first column, and the sequence lengths (integers through as_tensor)."""
+    q_rows_b: gl.tensor
+    q_rows_h: gl.tensor
+    q_col_h: gl.tensor
+    k_rows_b: gl.tensor
+    k_rows_h: gl.tensor
+    k_col_h: gl.tensor
+    seqlen_q: gl.tensor
+    seqlen_k: gl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k):
+        self.q_rows_b, self.q_rows_h, self.q_col_h = q_rows_b, q_rows_h, q_col_h
+        self.k_rows_b, self.k_rows_h, self.k_col_h = k_rows_b, k_rows_h, k_col_h
+        self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
+
+
+@gluon.jit
+def views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k):
+    """A kernel's integer arguments as Views."""
+    return Views(as_tensor(q_rows_b), as_tensor(q_rows_h), as_tensor(q_col_h), as_tensor(k_rows_b),
+                 as_tensor(k_rows_h), as_tensor(k_col_h), as_tensor(seqlen_q), as_tensor(seqlen_k))
+
+
+@gluon.jit
+def as_tensor(x):
+    """An integer kernel argument as a tensor: one equal to 1 (or unused) arrives as a constant, which an aggregate's
+    tensor field does not take."""
+    return gl.to_tensor(x)
 
 
 @gluon.jit

@@ -37,9 +37,6 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
-from typing import NamedTuple
-
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -49,89 +46,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LN2, online_softmax_step
-from .common import register_operand_layout, row_run_layout, wgmma_layout
+from .common import as_tensor, register_operand_layout, row_run_layout, views, wgmma_layout
 from .exact_rows import out_offsets, push_redo, redo
-from .fwd_schedule import WG_M, lpt_item, n_items, tile_at, work_tile
+from .fwd_bundles import Outputs, Problem, Ring, Switches
+from .fwd_schedule import WG_M, lpt_item, n_items
 
 HEADROOM = gl.constexpr(48)  # FROZEN_MAX: a rebased row's sum is about 2^-HEADROOM (P's room to grow)
 REBASE_AT = gl.constexpr(2.0**-32)  # FROZEN_MAX: a row sum at this moves the row's reference up ...
 REBASE_EVERY = gl.constexpr(8)  # ... at an item's 2nd K/V tile and every REBASE_EVERY-th after, and at its end
-
-
-class FwdSwitches(NamedTuple):
-    """A launch's compile-time switches, one constexpr argument of flash_fwd_hopper_kernel (set by
-    fwd_launch.launch_args from its configs.HopperFwdConfig, the mask and the layout)."""
-    CAUSAL: bool
-    BOTTOM_RIGHT: bool
-    IS_VARLEN: bool
-    PINGPONG: bool
-    OVERLAP_PV: bool
-    STAGE_K: bool
-    EARLY_P: bool
-    STAGE_O: bool
-    Q_REGS: bool
-    SCHEDULE: int
-    FROZEN_MAX: bool
-
-
-@aggregate
-class Switches:
-    """What a launch fixes at compile time: the tiles and switches of its configs.HopperFwdConfig (launch_args), the
-    mask and whether the sequences are packed."""
-    HEAD_DIM: gl.constexpr
-    BLOCK_M: gl.constexpr  # Q rows of a work item, WG_M to each consumer warpgroup
-    BLOCK_N: gl.constexpr  # keys of a K/V tile
-    STAGES: gl.constexpr  # K/V tiles in the ring
-    CAUSAL: gl.constexpr
-    BOTTOM_RIGHT: gl.constexpr
-    IS_VARLEN: gl.constexpr
-    MAY_BE_EMPTY: gl.constexpr  # rows whose first tile has no key to see
-    PINGPONG: gl.constexpr
-    OVERLAP_PV: gl.constexpr
-    STAGE_K: gl.constexpr
-    EARLY_P: gl.constexpr
-    STAGE_O: gl.constexpr
-    Q_REGS: gl.constexpr
-    SCHEDULE: gl.constexpr
-    FROZEN_MAX: gl.constexpr
-
-    @triton.constexpr_function
-    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
-        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N, self.STAGES = (gl.constexpr(x) for x in (HEAD_DIM, BLOCK_M, BLOCK_N,
-                                                                                          STAGES))
-        for name, value in FwdSwitches(*switches)._asdict().items():
-            setattr(self, name, gl.constexpr(value))
-        self.MAY_BE_EMPTY = gl.constexpr(self.CAUSAL.value or self.IS_VARLEN.value)
-
-
-@aggregate
-class Ring:
-    """The program's shared memory: each consumer's Q tile, the K/V stages and, with STAGE_O, each consumer's O tile;
-    their mbarriers (Q loaded, Q free; K, V ready; K, V free once every consumer read them), the turns of ping-pong,
-    k_done (STAGE_K: every consumer's last Q·Kᵀ of the item is done) and the claimed codes (SCHEDULE 3)."""
-    q: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM]
-    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
-    v: gl.shared_memory_descriptor
-    o: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM] (q without STAGE_O: unused)
-    q_bar: gl.shared_memory_descriptor
-    q_free: gl.shared_memory_descriptor
-    k_ready: gl.shared_memory_descriptor
-    v_ready: gl.shared_memory_descriptor
-    k_free: gl.shared_memory_descriptor
-    v_free: gl.shared_memory_descriptor
-    code: gl.shared_memory_descriptor  # (q_bar below SCHEDULE 3: unused)
-    k_done: gl.shared_memory_descriptor
-    turn: gl.shared_memory_descriptor
-
-    @triton.constexpr_function
-    def __init__(self, q, k, v, o, q_bar, q_free, k_ready, v_ready, k_free, v_free, code, k_done, turn):
-        self.q, self.k, self.v, self.o = q, k, v, o
-        self.q_bar, self.q_free, self.k_ready, self.v_ready, self.k_free, self.v_free = (q_bar, q_free, k_ready,
-                                                                                         v_ready, k_free, v_free)
-        self.code, self.k_done, self.turn = code, k_done, turn
 
 
 @gluon.jit
@@ -143,8 +67,8 @@ def _claimed(code_smem, q_bar, wg: gl.constexpr, done):
 
 
 @gluon.jit
-def _load_item(sw, ring, q_desc, k_desc, v_desc, code, counter, claim, claimed, n_work, g, done, start_m, h, q_row,
-               k_row, n_tiles, q_col_h, k_col_h, group):
+def _load_item(sw, ring, pb, q_desc, k_desc, v_desc, code, counter, claim, claimed, n_work, g, done, start_m, h,
+               q_row, k_row, n_tiles):
     """One item: each consumer's Q rows once that consumer freed the previous ones (SCHEDULE 3: with the tile's
     code), then K and V of each tile into the next ring stage, each once every consumer freed its own. With
     ``claim``, the next item's number is claimed from ``counter`` after the first tile's loads, where the loader
@@ -155,17 +79,17 @@ def _load_item(sw, ring, q_desc, k_desc, v_desc, code, counter, claim, claimed, 
         if sw.SCHEDULE == 3:
             ring.code.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
         mbarrier.expect(ring.q_bar.index(i), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * q_desc.block_type.shape[0], h * q_col_h],
-                                        ring.q_bar.index(i), ring.q.index(i))
+        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * WG_M, h * pb.views.q_col_h], ring.q_bar.index(i),
+                                        ring.q.index(i))
     for j in range(n_tiles):
         stage = g % sw.STAGES
         mbarrier.wait(ring.k_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(ring.k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, (h // group) * k_col_h],
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
                                         ring.k_ready.index(stage), ring.k.index(stage))
         mbarrier.wait(ring.v_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(ring.v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, (h // group) * k_col_h],
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
                                         ring.v_ready.index(stage), ring.v.index(stage))
         g += 1
         if sw.SCHEDULE == 3:
@@ -177,24 +101,22 @@ def _load_item(sw, ring, q_desc, k_desc, v_desc, code, counter, claim, claimed, 
 
 
 @gluon.jit
-def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k, q_rows_b,
-                    q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads, group, n_m, n_bh):
+def _load_partition(sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k):
     """One warp: each of this program's work items in turn (_load_item). SCHEDULE 3 claims the next item from
     ``counter`` during each item's first side, and ends by handing each consumer the code -1."""
     g = 0  # K/V tiles loaded so far: stage g % STAGES, in its (g // STAGES)-th round
     done = 0
     if sw.SCHEDULE == 3:
-        n_work = (n_bh - tail_heads) * ((n_m + 1) // 2) + tail_heads * n_m
+        n_work = (pb.n_bh - tail_heads) * ((pb.n_m + 1) // 2) + tail_heads * pb.n_m
         i = gl.program_id(0)
         side = 0
         claimed = 0
         while i < n_work:
-            bh, m, two = lpt_item(i, side, n_m, n_bh, tail_heads)
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = tile_at(
-                bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
-                seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN)
-            g, claimed = _load_item(sw, ring, q_desc, k_desc, v_desc, bh * n_m + m, counter, side == 0, claimed,
-                                    n_work, g, done, start_m, h, q_row, k_row, n_tiles, q_col_h, k_col_h, group)
+            bh, m, two = lpt_item(i, side, pb.n_m, pb.n_bh, tail_heads)
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.tile(sw, bh, m, cu_seqlens_q,
+                                                                                    cu_seqlens_k)
+            g, claimed = _load_item(sw, ring, pb, q_desc, k_desc, v_desc, bh * pb.n_m + m, counter, side == 0,
+                                    claimed, n_work, g, done, start_m, h, q_row, k_row, n_tiles)
             done += 1
             if two:
                 side = 1
@@ -206,13 +128,11 @@ def _load_partition(sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_se
             ring.code.index(s).store(gl.full([1], -1, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
             mbarrier.arrive(ring.q_bar.index(s))
     else:
-        for w in range(n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = work_tile(
-                w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
+        for w in range(n_items(pb.n_m, pb.n_bh, sw.SCHEDULE)):  # this program's items
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.item(sw, w, cu_seqlens_q, cu_seqlens_k)
             if start_m < sq:
-                g, _ = _load_item(sw, ring, q_desc, k_desc, v_desc, 0, counter, False, 0, 0, g, done, start_m, h, q_row,
-                                  k_row, n_tiles, q_col_h, k_col_h, group)
+                g, _ = _load_item(sw, ring, pb, q_desc, k_desc, v_desc, 0, counter, False, 0, 0, g, done, start_m, h,
+                                  q_row, k_row, n_tiles)
                 done += 1
 
 
@@ -294,8 +214,8 @@ def _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg: gl.constexpr, g, tur
 
 
 @gluon.jit
-def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
-                  turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale):
+def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
+                  turns, done):
     """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items.
     Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
     NUM_WG: gl.constexpr = sw.BLOCK_M // WG_M
@@ -349,7 +269,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
         if not sw.STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
             mbarrier.arrive(ring.k_free.index(g % sw.STAGES))
         p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, sw.BLOCK_N,
-                                                                 sw.CAUSAL, s_layout), qk_scale, sw.MAY_BE_EMPTY)
+                                                                 sw.CAUSAL, s_layout), outs.qk_scale, sw.MAY_BE_EMPTY)
         l_i = _lane_sums(None, alpha, p, sw.BLOCK_N)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
@@ -380,12 +300,12 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
             if sw.FROZEN_MAX:
                 if j % REBASE_EVERY == 1:
                     m_ref, l_i, alpha = _rebase(m_ref, l_i)
-                p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout) * qk_scale
+                p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout) * outs.qk_scale
                             - m_ref[:, None])  # [WG_M, BLOCK_N]
                 l_i = _lane_sums(l_i, None, p, sw.BLOCK_N)
             else:
                 scores = _scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
-                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, qk_scale, sw.MAY_BE_EMPTY)
+                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, outs.qk_scale, sw.MAY_BE_EMPTY)
                 l_i = _lane_sums(l_i, alpha, p, sw.BLOCK_N)
             if sw.OVERLAP_PV:
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -409,8 +329,8 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
                     sw.STAGES, NUM_WG,
                     sw.PINGPONG)
 
-        o_offset, lse_offset = out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                                            sw.IS_VARLEN)
+        o_offset, lse_offset = out_offsets(b, h, q_row, outs.stride_ob, outs.stride_on, outs.stride_oh, outs.stride_lb,
+                                            outs.stride_lh, sw.IS_VARLEN)
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
         empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         held = True
@@ -424,7 +344,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
             held = bad == 0
             lse_kept = lse_kept & held
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-        gl.store(LSE + lse_offset + offs_m, lse, mask=lse_kept)
+        gl.store(outs.LSE + lse_offset + offs_m, lse, mask=lse_kept)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
         out = (acc * inv_l[:, None]).to(dtype)
         if sw.HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
@@ -437,7 +357,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
             fence_async_shared()  # these writes land before the loader's next TMA load into the tile
         rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
         cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
-        ptrs = O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
+        ptrs = outs.O + o_offset + rows.to(gl.int64)[:, None] * outs.stride_on + cols[None, :]
         rows_kept = rows < sq
         if sw.FROZEN_MAX:
             rows_kept = rows_kept & held
@@ -446,7 +366,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
             tma.store_wait(0)  # the previous item's O has left this tile
             o_wg.store(out)
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * q_col_h], o_wg)
+            tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * pb.views.q_col_h], o_wg)
         else:
             gl.store(ptrs, out, mask=rows_kept[:, None])
         if sw.STAGE_K:
@@ -455,9 +375,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, O, o_desc, LSE, start_m, b, h, q_r
 
 
 @gluon.jit
-def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
-              q_col_h, k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-              nheads, group, n_m, n_bh, qk_scale):
+def _consumer(wg: gl.constexpr, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k):
     """One warpgroup, WG_M of each work item's rows: the online softmax over every K/V tile, then O and LSE.
     Each step issues Q·Kᵀ of tile j and P·V of tile j - 1 together, then runs the softmax of tile j while
     (ping-pong) the other warpgroups' products occupy the tensor cores, and with OVERLAP_PV while its own P·V
@@ -470,12 +388,11 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
     if sw.SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
         code = _claimed(ring.code, ring.q_bar, wg, done)
         while code >= 0:
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = tile_at(
-                code // n_m, code % n_m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b,
-                k_rows_h, seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN)
-            bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full,
-                                g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-                                qk_scale)
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.tile(sw, code // pb.n_m,
+                                                                                    code % pb.n_m, cu_seqlens_q,
+                                                                                    cu_seqlens_k)
+            bad = _consume_item(wg, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, n_tiles,
+                                n_full, g, turns, done)
             if sw.FROZEN_MAX:
                 if bad > 0:
                     push_redo(counter, (code * NUM_WG + wg))
@@ -484,17 +401,14 @@ def _consumer(wg: gl.constexpr, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q,
             done += 1
             code = _claimed(ring.code, ring.q_bar, wg, done)
     else:
-        for w in range(n_items(n_m, n_bh, sw.SCHEDULE)):  # this program's items
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = work_tile(
-                w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                seqlen_q, seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
+        for w in range(n_items(pb.n_m, pb.n_bh, sw.SCHEDULE)):  # this program's items
+            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.item(sw, w, cu_seqlens_q, cu_seqlens_k)
             if start_m < sq:
-                bad = _consume_item(wg, sw, ring, O, o_desc, LSE, start_m, b, h, q_row, sq, sk, diag, n_tiles,
-                                    n_full, g, turns, done, q_col_h, stride_ob, stride_on, stride_oh, stride_lb,
-                                    stride_lh, qk_scale)
+                bad = _consume_item(wg, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, n_tiles,
+                                    n_full, g, turns, done)
                 if sw.FROZEN_MAX:
                     if bad > 0:
-                        push_redo(counter, ((b * nheads + h) * n_m + start_m // sw.BLOCK_M) * NUM_WG + wg)
+                        push_redo(counter, ((b * pb.nheads + h) * pb.n_m + start_m // sw.BLOCK_M) * NUM_WG + wg)
                 g += n_tiles
                 turns += n_tiles + 1
                 done += 1
@@ -549,34 +463,25 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
 
     ring = Ring(q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem, k_done,
                 turn)
-    # warp_specialize takes a literal list and a batch-mode cu_seqlens (None) cannot sit in an aggregate: the
-    # consumers' arguments are spelled out once here and each entry repeats them.
+    pb = Problem(views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k), as_tensor(nheads),
+                 as_tensor(group), as_tensor(n_m), as_tensor(n_bh))
+    outs = Outputs(O, LSE, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh), as_tensor(stride_lb),
+              as_tensor(stride_lh), qk_scale)
+    # a batch-mode cu_seqlens (None) cannot sit in an aggregate: each partition takes the two beside it
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
-            (_consumer, (0, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                         nheads, group, n_m, n_bh, qk_scale)),
-            (_consumer, (1, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                         nheads, group, n_m, n_bh, qk_scale)),
-            (_consumer, (2, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                         nheads, group, n_m, n_bh, qk_scale)),
-            (_load_partition, (sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k,
-                               q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads,
-                               group, n_m, n_bh)),
+            (_consumer, (0, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
+            (_consumer, (1, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
+            (_consumer, (2, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
+            (_load_partition, (sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q,
+                               cu_seqlens_k)),
         ], [4, 4, 1], [REGS, REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (0, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                         nheads, group, n_m, n_bh, qk_scale)),
-            (_consumer, (1, sw, ring, O, o_desc, LSE, counter, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, q_col_h,
-                         k_rows_b, k_rows_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                         nheads, group, n_m, n_bh, qk_scale)),
-            (_load_partition, (sw, ring, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q, cu_seqlens_k,
-                               q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, nheads,
-                               group, n_m, n_bh)),
+            (_consumer, (0, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
+            (_consumer, (1, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
+            (_load_partition, (sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q,
+                               cu_seqlens_k)),
         ], [4, 1], [REGS, 24])
     if sw.FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
         redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,

@@ -7,7 +7,8 @@ from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, detach_descriptor, launch_key
 from ..common.tiles import cdiv, num_sms
 from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
-from .fwd import FwdSwitches, flash_fwd_hopper_kernel
+from .fwd import flash_fwd_hopper_kernel
+from .fwd_bundles import FwdSwitches
 from .fwd_schedule import WG_M, counter_size, stream_counter, uses_claims, uses_frozen_max
 
 
