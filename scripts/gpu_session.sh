@@ -64,14 +64,15 @@ for step in "$@"; do
         tree=${run%-*} root=$PWD; [ $tree = before ] && root=$PWD/.before
         if [ $step = redesign-bench ]; then
           PYTHONPATH=$root timeout 150 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
-            --rounds 1 --warm-gpu 5 --out "$out/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
+            --rounds 1 --warm-gpu 5 --out "$out/runs/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
         else
-          PYTHONPATH=$root timeout 140 python3 -m flashtile.bench.decode --rounds 2 --out "$out/$run" 2>&1 \
+          PYTHONPATH=$root timeout 140 python3 -m flashtile.bench.decode --rounds 2 --out "$out/runs/$run" 2>&1 \
             | grep "^|" | tee -a "$out/redesign.log"
         fi
       done
-      python3 scripts/redesign_compare.py "$out/before-1,$out/before-2" "$out/after-1,$out/after-2" \
-        | tee "$out/redesign-compare.md" ;;
+      python3 scripts/redesign_compare.py "$out/runs/before-1,$out/runs/before-2" "$out/runs/after-1,$out/runs/after-2" \
+        | tee "$out/redesign-compare.md"
+      rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs ;;  # (few files come back a call)
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

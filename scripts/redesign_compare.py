@@ -1,7 +1,8 @@
 """Issue 38's speed bar: flashtile before and after the redesign, cell by cell, from two runs of the benchmarks
 (``python -m flashtile.bench --backward --peers flashtile`` and ``python -m flashtile.bench.decode``) written to
-BEFORE/ and AFTER/ (bench.json, decode.json); a side given as several folders (comma-separated, runs taking turns
-with the other side's) keeps each cell's best time. Prints each cell's speed after over before (forward, backward,
+BEFORE/ and AFTER/ (bench.json, decode.json); a side given as several folders (comma-separated: runs taking turns with
+the other side's, in ABBA order) takes each cell's geometric mean over them, so that a drift of the GPU's speed over
+the call weighs on both sides alike. Prints each cell's speed after over before (forward, backward,
 forward + backward; decode eager), then the lowest and the median ratio against the bar (no cell under 0.95, the
 median at 0.99 or more).
 
@@ -32,13 +33,13 @@ def cells(folder):
     return out
 
 
-def best_cells(folders):
-    """cells() of each comma-separated folder, each cell's lowest time."""
-    out = {}
+def mean_cells(folders):
+    """cells() of each comma-separated folder, each cell's geometric mean over the folders that have it."""
+    times = {}
     for folder in folders.split(","):
         for key, time in cells(folder).items():
-            out[key] = min(time, out.get(key, time))
-    return out
+            times.setdefault(key, []).append(time)
+    return {key: statistics.geometric_mean(values) for key, values in times.items()}
 
 
 def compare(before, after):
@@ -49,7 +50,7 @@ def compare(before, after):
 def main():
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
-    ratios = compare(best_cells(sys.argv[1]), best_cells(sys.argv[2]))
+    ratios = compare(mean_cells(sys.argv[1]), mean_cells(sys.argv[2]))
     if not ratios:
         raise SystemExit("no cell in both runs")
     print("| pass | cell | after / before (speed) |\n|---|---|---|")
