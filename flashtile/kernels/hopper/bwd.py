@@ -40,7 +40,7 @@ from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
 from .bwd_dq import Switches, backward_descriptors
-from .common import descriptor, register_operand_layout, store_rows, view_layout, wgmma_layout
+from .common import as_tensor, descriptor, register_operand_layout, store_rows, view_layout, views, wgmma_layout
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
 DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
@@ -73,6 +73,31 @@ class Smem:
         self.q_free, self.ds_ready = q_free, ds_ready
 
 
+@aggregate
+class Grads:
+    """Where a program's gradients go: dK and dV with their strides, the float32 dQ rows' strides per batch and head
+    (dQ itself is a descriptor, passed beside), and the scale dK takes (integers through common.as_tensor)."""
+    dK: gl.tensor
+    dV: gl.tensor
+    stride_dkb: gl.tensor
+    stride_dkn: gl.tensor
+    stride_dkh: gl.tensor
+    stride_dvb: gl.tensor
+    stride_dvn: gl.tensor
+    stride_dvh: gl.tensor
+    stride_dqb: gl.tensor
+    stride_dqh: gl.tensor
+    softmax_scale: gl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, dK, dV, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb,
+                 stride_dqh, softmax_scale):
+        self.dK, self.dV, self.softmax_scale = dK, dV, softmax_scale
+        self.stride_dkb, self.stride_dkn, self.stride_dkh = stride_dkb, stride_dkn, stride_dkh
+        self.stride_dvb, self.stride_dvn, self.stride_dvh = stride_dvb, stride_dvn, stride_dvh
+        self.stride_dqb, self.stride_dqh = stride_dqb, stride_dqh
+
+
 @builtin
 def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """The copy engine adds the shared-memory tile ``src`` into the tensor at ``coord`` (cp.reduce.async.bulk.tensor);
@@ -100,35 +125,37 @@ def _q_tiles(start_n, seqlen_q, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexp
 
 
 @gluon.jit
-def _load_partition(sw, smem, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, q_rows_b, q_rows_h, q_col_h,
-                    k_rows_b, k_rows_h, k_col_h, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, group):
+def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, stride_lb, stride_lh, diag,
+                    group):
     """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn, and the
     tile's LSE and delta (loaded here, so that the consumers never wait on global memory)."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     rows_layout: gl.constexpr = gl.BlockedLayout([sw.BLOCK_M // 32], [32], [1], [0])
-    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, sw.BLOCK_N)
+    start_n, b, h_k, k_row = _program(nheads_k, vw.k_rows_b, vw.k_rows_h, sw.BLOCK_N)
     mbarrier.expect(smem.kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], smem.kv_bar,
+        tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * vw.k_col_h], smem.kv_bar,
                                         smem.k.index(i))
-        tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * k_col_h], smem.kv_bar,
+        tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * vw.k_col_h], smem.kv_bar,
                                         smem.v.index(i))
-    lo, hi = _q_tiles(start_n, seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
+    lo, hi = _q_tiles(start_n, vw.seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * group + t // (hi - lo)
-        row = b * q_rows_b + h * q_rows_h + (lo + t % (hi - lo)) * sw.BLOCK_M
+        row = b * vw.q_rows_b + h * vw.q_rows_h + (lo + t % (hi - lo)) * sw.BLOCK_M
         stage = t % sw.STAGES
         mbarrier.wait(smem.q_free.index(stage), ((t // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, h * q_col_h], smem.q_ready.index(stage), smem.q.index(stage))
+        tma.async_copy_global_to_shared(q_desc, [row, h * vw.q_col_h], smem.q_ready.index(stage),
+                                        smem.q.index(stage))
         mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, h * q_col_h], smem.do_ready.index(stage), smem.do.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [row, h * vw.q_col_h], smem.do_ready.index(stage),
+                                        smem.do.index(stage))
         # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
         offs_m = (lo + t % (hi - lo)) * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=rows_layout)
         row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=float("inf"))
         smem.lse.index(stage).store(lse * LOG2E)
-        smem.delta.index(stage).store(gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0))
+        smem.delta.index(stage).store(gl.load(Delta + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=0.0))
         gl.thread_barrier()
         mbarrier.arrive(smem.q_ready.index(stage))  # q_ready's second arrival: the rows are stored
 
@@ -165,9 +192,7 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn,
-              stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, seqlen_q, seqlen_k, diag, group,
-              qk_scale, softmax_scale):
+def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
@@ -176,7 +201,7 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k
     dq_layout: gl.constexpr = wgmma_layout(DQ_COLS)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
-    start_n, b, h_k, k_row = _program(nheads_k, k_rows_b, k_rows_h, sw.BLOCK_N)
+    start_n, b, h_k, k_row = _program(nheads_k, vw.k_rows_b, vw.k_rows_h, sw.BLOCK_N)
     first_key = start_n + half * HALF_N
     last_key = first_key + HALF_N - 1
     k_half = smem.k.index(half)
@@ -189,7 +214,7 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k
     if sw.DQ_REDUCE:
         gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
-    lo, hi = _q_tiles(start_n, seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
+    lo, hi = _q_tiles(start_n, vw.seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
         h = h_k * group + t // (hi - lo)
         stage = t % sw.STAGES
@@ -205,11 +230,11 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k
         lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
         if sw.CAUSAL:
-            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # the diagonal, the end
-                ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
+            if (last_key >= vw.seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # diagonal, end
+                ok = (offs_n < vw.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
         else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
-            p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
+            p_t = gl.where((offs_n < vw.seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
         delta = smem.delta.index(stage).load(gl.SliceLayout(0, s_layout))
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
@@ -222,7 +247,7 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k
             dq = _dq_products(smem.ds, smem.k, smem.ds_ready, t, half, dq_zero, DQ_COLS)
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dq: [BLOCK_M, DQ_COLS], handed on under dK's product
-            tile_row = b * stride_dqb + h * stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
+            tile_row = b * gr.stride_dqb + h * gr.stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
             _dq_reduce(dq, smem.dq, dQacc, tile_row + half * 2 * DQ_COLS, half)
             dk = warpgroup_mma_wait(0, deps=(dk, ))
         else:
@@ -231,8 +256,9 @@ def _consumer(half: gl.constexpr, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k
         mbarrier.arrive(smem.q_free.index(stage))
     if sw.DQ_REDUCE:
         tma.store_wait(0)
-    store_rows(dk * softmax_scale, dK, b, h_k, first_key, seqlen_k, stride_dkb, stride_dkn, stride_dkh, acc_layout)
-    store_rows(dv, dV, b, h_k, first_key, seqlen_k, stride_dvb, stride_dvn, stride_dvh, acc_layout)
+    store_rows(dk * gr.softmax_scale, gr.dK, b, h_k, first_key, vw.seqlen_k, gr.stride_dkb, gr.stride_dkn,
+               gr.stride_dkh, acc_layout)
+    store_rows(dv, gr.dV, b, h_k, first_key, vw.seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh, acc_layout)
 
 
 @gluon.jit
@@ -270,16 +296,15 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE)
     smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                 q_free, ds_ready)
+    vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
+    gr = Grads(dK, dV, as_tensor(stride_dkb), as_tensor(stride_dkn), as_tensor(stride_dkh), as_tensor(stride_dvb),
+               as_tensor(stride_dvn), as_tensor(stride_dvh), as_tensor(stride_dqb), as_tensor(stride_dqh),
+               softmax_scale)
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh,
-                     stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, seqlen_q, seqlen_k, diag, group,
-                     qk_scale, softmax_scale)),
-        (_consumer, (1, sw, smem, dK, dV, dQacc, nheads_k, k_rows_b, k_rows_h, stride_dkb, stride_dkn, stride_dkh,
-                     stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, seqlen_q, seqlen_k, diag, group,
-                     qk_scale, softmax_scale)),
-        (_load_partition, (sw, smem, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, q_rows_b, q_rows_h,
-                           q_col_h, k_rows_b, k_rows_h, k_col_h, stride_lb, stride_lh, seqlen_q, seqlen_k, diag,
-                           group)),
+        (_consumer, (0, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale)),
+        (_consumer, (1, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale)),
+        (_load_partition, (sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, stride_lb, stride_lh,
+                           diag, group)),
     ], [4, 1], [REGS, 24])
 
 

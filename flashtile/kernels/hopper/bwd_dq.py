@@ -20,7 +20,7 @@ from triton.language.core import _aggregate as aggregate
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
-from .common import descriptor, register_operand_layout, smem_layout, view, view_layout, wgmma_layout
+from .common import as_tensor, descriptor, register_operand_layout, smem_layout, view, view_layout, views, wgmma_layout
 
 
 @aggregate
@@ -62,9 +62,35 @@ class Smem:
         self.q_bar, self.k_ready, self.v_ready, self.kv_free = q_bar, k_ready, v_ready, kv_free
 
 
+@aggregate
+class Operands:
+    """What a consumer reads and writes by pointer: O, dQ, the rows' LSE and delta, with their strides; the scale dQ
+    takes (integers through common.as_tensor)."""
+    O: gl.tensor
+    dQ: gl.tensor
+    LSE: gl.tensor
+    Delta: gl.tensor
+    stride_ob: gl.tensor
+    stride_on: gl.tensor
+    stride_oh: gl.tensor
+    stride_dqb: gl.tensor
+    stride_dqn: gl.tensor
+    stride_dqh: gl.tensor
+    stride_lb: gl.tensor
+    stride_lh: gl.tensor
+    softmax_scale: gl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, O, dQ, LSE, Delta, stride_ob, stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh,
+                 stride_lb, stride_lh, softmax_scale):
+        self.O, self.dQ, self.LSE, self.Delta, self.softmax_scale = O, dQ, LSE, Delta, softmax_scale
+        self.stride_ob, self.stride_on, self.stride_oh = stride_ob, stride_on, stride_oh
+        self.stride_dqb, self.stride_dqn, self.stride_dqh = stride_dqb, stride_dqn, stride_dqh
+        self.stride_lb, self.stride_lh = stride_lb, stride_lh
+
+
 @gluon.jit
-def _program(nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def _program(nheads, group, vw, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """(first row of the Q tile, batch, head, KV head, first Q and K row of the head in the 2-D views, K/V
     tiles to visit, how many of them need no mask). Causal: the heaviest tiles of a head first."""
     start_m = gl.program_id(0) * BLOCK_M
@@ -73,39 +99,37 @@ def _program(nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, se
     b = gl.program_id(1) // nheads
     h = gl.program_id(1) % nheads
     h_k = h // group
-    hi = seqlen_k
-    full_hi = seqlen_k
+    hi = vw.seqlen_k
+    full_hi = vw.seqlen_k
     if CAUSAL:
         hi = gl.minimum(hi, start_m + BLOCK_M + diag)
         full_hi = gl.minimum(full_hi, start_m + 1 + diag)
     n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
     n_full = gl.maximum(full_hi, 0) // BLOCK_N
-    return start_m, b, h, h_k, b * q_rows_b + h * q_rows_h, b * k_rows_b + h_k * k_rows_h, n_tiles, n_full
+    return start_m, b, h, h_k, b * vw.q_rows_b + h * vw.q_rows_h, b * vw.k_rows_b + h_k * vw.k_rows_h, n_tiles, n_full
 
 
 @gluon.jit
-def _load_partition(sw, smem, q_desc, do_desc, k_desc, v_desc, nheads, group, q_rows_b, q_rows_h, q_col_h, k_rows_b,
-                    k_rows_h, k_col_h, seqlen_q, seqlen_k, diag):
+def _load_partition(sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag):
     """One warp: each consumer's Q and dO rows once, then K and V of each tile into the next ring stage once
     both consumers freed it."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
-    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
-        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.BLOCK_N,
-        sw.CAUSAL)
+    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(nheads, group, vw, diag, sw.BLOCK_M, sw.BLOCK_N,
+                                                                 sw.CAUSAL)
     for i in gl.static_range(2):
         mbarrier.expect(smem.q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * HALF_M, h * q_col_h], smem.q_bar.index(i),
+        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * HALF_M, h * vw.q_col_h], smem.q_bar.index(i),
                                         smem.q.index(i))
-        tma.async_copy_global_to_shared(do_desc, [q_row + start_m + i * HALF_M, h * q_col_h], smem.q_bar.index(i),
+        tma.async_copy_global_to_shared(do_desc, [q_row + start_m + i * HALF_M, h * vw.q_col_h], smem.q_bar.index(i),
                                         smem.do.index(i))
     for j in range(n_tiles):
         stage = j % sw.STAGES
         mbarrier.wait(smem.kv_free.index(stage), ((j // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, h_k * k_col_h], smem.k_ready.index(stage),
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, h_k * vw.k_col_h], smem.k_ready.index(stage),
                                         smem.k.index(stage))
         mbarrier.expect(smem.v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, h_k * k_col_h], smem.v_ready.index(stage),
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, h_k * vw.k_col_h], smem.v_ready.index(stage),
                                         smem.v.index(stage))
 
 
@@ -123,9 +147,7 @@ def _row_delta(O, do_tile, o_offset, stride_on, rows_start, seqlen_q, HALF_M: gl
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-              stride_ob, stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q,
-              seqlen_k, diag, qk_scale, softmax_scale):
+def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_scale):
     """One warpgroup, rows [start_m + half·64, +64): delta (or, DELTA_IN, its given value), then dQ over every K/V
     tile they may see."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
@@ -133,23 +155,22 @@ def _consumer(half: gl.constexpr, sw, smem, O, dQ, LSE, Delta, nheads, group, q_
     acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
-    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(
-        nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.BLOCK_N,
-        sw.CAUSAL)
+    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(nheads, group, vw, diag, sw.BLOCK_M, sw.BLOCK_N,
+                                                                 sw.CAUSAL)
     rows_start = start_m + half * HALF_M
     offs_m = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M] rows
-    row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+    row_offset = b.to(gl.int64) * ops.stride_lb + h.to(gl.int64) * ops.stride_lh
     # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
-    lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
+    lse = gl.load(ops.LSE + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=float("inf")) * LOG2E
     q_half = smem.q.index(half)
     do_half = smem.do.index(half)
     mbarrier.wait(smem.q_bar.index(half), 0)
     if sw.DELTA_IN:  # delta − dLSE, from the preprocess launch
-        delta = gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        delta = gl.load(ops.Delta + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=0.0)
     else:
-        delta = _row_delta(O, do_half, b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh, stride_on,
-                           rows_start, seqlen_q, HALF_M, sw.HEAD_DIM, gl.SliceLayout(1, s_layout))
-        gl.store(Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
+        delta = _row_delta(ops.O, do_half, b.to(gl.int64) * ops.stride_ob + h.to(gl.int64) * ops.stride_oh,
+                           ops.stride_on, rows_start, vw.seqlen_q, HALF_M, sw.HEAD_DIM, gl.SliceLayout(1, s_layout))
+        gl.store(ops.Delta + row_offset + offs_m, delta, mask=offs_m < vw.seqlen_q)
     s_zero = gl.zeros([HALF_M, sw.BLOCK_N], gl.float32, layout=s_layout)
     dq = gl.zeros([HALF_M, sw.HEAD_DIM], gl.float32, layout=acc_layout)
     for j in range(n_tiles):
@@ -164,7 +185,7 @@ def _consumer(half: gl.constexpr, sw, smem, O, dQ, LSE, Delta, nheads, group, q_
         p = gl.exp2(s * qk_scale - lse[:, None])
         if j >= n_full:  # keys past the sequence, or (causal) past the diagonal
             offs_n = j * sw.BLOCK_N + gl.arange(0, sw.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            ok = offs_n[None, :] < seqlen_k
+            ok = offs_n[None, :] < vw.seqlen_k
             if sw.CAUSAL:
                 ok = ok & (offs_n[None, :] <= (offs_m + diag)[:, None])
             p = gl.where(ok, p, 0.0)
@@ -176,9 +197,10 @@ def _consumer(half: gl.constexpr, sw, smem, O, dQ, LSE, Delta, nheads, group, q_
 
     rows = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    dq_base = dQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + rows_start.to(gl.int64) * stride_dqn
-    gl.store(dq_base + (rows - rows_start)[:, None] * stride_dqn + cols[None, :], (dq * softmax_scale).to(dtype),
-             mask=(rows < seqlen_q)[:, None])
+    dq_base = (ops.dQ + b.to(gl.int64) * ops.stride_dqb + h.to(gl.int64) * ops.stride_dqh
+               + rows_start.to(gl.int64) * ops.stride_dqn)
+    gl.store(dq_base + (rows - rows_start)[:, None] * ops.stride_dqn + cols[None, :],
+             (dq * ops.softmax_scale).to(dtype), mask=(rows < vw.seqlen_q)[:, None])
 
 
 @gluon.jit
@@ -205,15 +227,14 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
         mbarrier.init(kv_free.index(i), count=2)
     sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)
     smem = Smem(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free)
+    vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
+    ops = Operands(O, dQ, LSE, Delta, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh),
+                   as_tensor(stride_dqb), as_tensor(stride_dqn), as_tensor(stride_dqh), as_tensor(stride_lb),
+                   as_tensor(stride_lh), softmax_scale)
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob,
-                     stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                     seqlen_k, diag, qk_scale, softmax_scale)),
-        (_consumer, (1, sw, smem, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h, k_rows_b, k_rows_h, stride_ob,
-                     stride_on, stride_oh, stride_dqb, stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                     seqlen_k, diag, qk_scale, softmax_scale)),
-        (_load_partition, (sw, smem, q_desc, do_desc, k_desc, v_desc, nheads, group, q_rows_b, q_rows_h, q_col_h,
-                           k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k, diag)),
+        (_consumer, (0, sw, smem, vw, ops, nheads, group, diag, qk_scale)),
+        (_consumer, (1, sw, smem, vw, ops, nheads, group, diag, qk_scale)),
+        (_load_partition, (sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag)),
     ], [4, 1], [REGS, 24])
     # Released only here, so that no partition's scratch (delta's layout change) is placed in a barrier's bytes while
     # another partition may still wait on it: the allocator sees a barrier live up to its last use in the kernel.

@@ -20,10 +20,48 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LN2, LOG2E, online_softmax_step
 from ..common.replay import Replay, Replays, aligned, detach_descriptor
 from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
+
+
+@aggregate
+class Switches:
+    """What a launch fixes at compile time: the packed query heads per KV head (GROUP), the tiles, the ring's stages,
+    the consumer warps (KEY_GROUPS) and whether the LSE is written."""
+    GROUP: gl.constexpr
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr  # packed query rows: GROUP x new tokens, padded
+    BLOCK_N: gl.constexpr  # keys of a K/V tile, BLOCK_N / KEY_GROUPS to each consumer
+    STAGES: gl.constexpr
+    KEY_GROUPS: gl.constexpr
+    WRITE_LSE: gl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, KEY_GROUPS, WRITE_LSE):
+        self.GROUP, self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = (gl.constexpr(x) for x in (GROUP, HEAD_DIM, BLOCK_M,
+                                                                                          BLOCK_N))
+        self.STAGES, self.KEY_GROUPS, self.WRITE_LSE = (gl.constexpr(x) for x in (STAGES, KEY_GROUPS, WRITE_LSE))
+
+
+@aggregate
+class Ring:
+    """The program's shared memory: the K and V stages (later the consumers' states) and their mbarriers (K ready,
+    V ready, stage free; every consumer done with the ring; every state stored)."""
+    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
+    v: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    free: gl.shared_memory_descriptor
+    done: gl.shared_memory_descriptor
+    stored: gl.shared_memory_descriptor
+
+    @triton.constexpr_function
+    def __init__(self, k, v, k_ready, v_ready, free, done, stored):
+        self.k, self.v, self.k_ready, self.v_ready, self.free = k, v, k_ready, v_ready, free
+        self.done, self.stored = done, stored
 
 
 @gluon.jit
@@ -42,109 +80,108 @@ def _rows_layout(head_dim):
 
 
 @gluon.jit
-def _load_and_merge(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, free, stored, Out, LSE, cache_seqlens,
-                    stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, capacity, nheads_k,
-                    k_rows_b, k_rows_h, k_col_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_GROUPS: gl.constexpr, WRITE_LSE: gl.constexpr):
+def _load_and_merge(sw, ring, k_desc, v_desc, Out, LSE, cache_seqlens, stride_ob, stride_ot, stride_oh, stride_lb,
+                    stride_lh, seqlen_q, seqlen_new, capacity, nheads_k, k_rows_b, k_rows_h, k_col_h):
     """The default partition: K and V of every tile into the next ring stage once its consumers freed it; then,
     once every consumer has left its state in the ring's memory, their merge into O and LSE."""
     b, h_k, seqlen_k = _program(cache_seqlens, seqlen_new, capacity, nheads_k)
     row = (b * k_rows_b + h_k * k_rows_h).to(gl.int32)
     col = (h_k * k_col_h).to(gl.int32)
-    for j in range(gl.cdiv(seqlen_k, BLOCK_N)):
-        stage = j % STAGES
-        mbarrier.wait(free.index(stage), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row + j * BLOCK_N, col], k_ready.index(stage), k_smem.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row + j * BLOCK_N, col], v_ready.index(stage), v_smem.index(stage))
+    for j in range(gl.cdiv(seqlen_k, sw.BLOCK_N)):
+        stage = j % sw.STAGES
+        mbarrier.wait(ring.free.index(stage), ((j // sw.STAGES) & 1) ^ 1)
+        mbarrier.expect(ring.k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row + j * sw.BLOCK_N, col], ring.k_ready.index(stage),
+                                        ring.k.index(stage))
+        mbarrier.expect(ring.v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row + j * sw.BLOCK_N, col], ring.v_ready.index(stage),
+                                        ring.v.index(stage))
 
-    layout: gl.constexpr = _rows_layout(HEAD_DIM)
-    acc_state, stats = _states(k_smem, v_smem, BLOCK_M, HEAD_DIM, KEY_GROUPS)
-    mbarrier.wait(stored.index(0), 0)
+    layout: gl.constexpr = _rows_layout(sw.HEAD_DIM)
+    acc_state, stats = _states(sw, ring)
+    mbarrier.wait(ring.stored.index(0), 0)
     m_i = stats.index(0).load(gl.SliceLayout(1, layout))
-    for g in gl.static_range(1, KEY_GROUPS):
+    for g in gl.static_range(1, sw.KEY_GROUPS):
         m_i = gl.maximum(m_i, stats.index(2 * g).load(gl.SliceLayout(1, layout)))
     m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, layout))
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=layout)
-    for g in gl.static_range(KEY_GROUPS):  # each group rescaled to the largest max (an empty group weighs 0)
+    l_i = gl.zeros([sw.BLOCK_M], gl.float32, layout=gl.SliceLayout(1, layout))
+    acc = gl.zeros([sw.BLOCK_M, sw.HEAD_DIM], gl.float32, layout=layout)
+    for g in gl.static_range(sw.KEY_GROUPS):  # each group rescaled to the largest max (an empty group weighs 0)
         w = gl.exp2(stats.index(2 * g).load(gl.SliceLayout(1, layout)) - m_ref)  # [BLOCK_M]
         l_i += stats.index(2 * g + 1).load(gl.SliceLayout(1, layout)) * w
         acc += acc_state.index(g).load(layout) * w[:, None]
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))  # [BLOCK_M] packed query rows
-    token = rows // GROUP
-    head = h_k * GROUP + rows % GROUP
+    rows = gl.arange(0, sw.BLOCK_M, layout=gl.SliceLayout(1, layout))  # [BLOCK_M] packed query rows
+    token = rows // sw.GROUP
+    head = h_k * sw.GROUP + rows % sw.GROUP
     row_ok = token < seqlen_q
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, layout))
     empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
     out = acc * (1.0 / gl.where(empty, 1.0, l_i))[:, None]
     gl.store(Out + (b * stride_ob + token * stride_ot + head * stride_oh)[:, None] + cols[None, :],
              out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    if WRITE_LSE:
+    if sw.WRITE_LSE:
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
         gl.store(LSE + b * stride_lb + head * stride_lh + token, lse, mask=row_ok)
 
 
 @gluon.jit
-def _states(k_smem, v_smem, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, KEY_GROUPS: gl.constexpr):
+def _states(sw, ring):
     """The consumers' states in the ring's memory once no tile is left in it: O [KEY_GROUPS, BLOCK_M, HEAD_DIM] over
     the K stages, m_i and l_i of group g at rows 2g and 2g + 1 over the V stages."""
-    acc_state = k_smem._reinterpret(gl.float32, [KEY_GROUPS, BLOCK_M, HEAD_DIM],
+    acc_state = ring.k._reinterpret(gl.float32, [sw.KEY_GROUPS, sw.BLOCK_M, sw.HEAD_DIM],
                                     gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    stats = v_smem._reinterpret(gl.float32, [2 * KEY_GROUPS, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    stats = ring.v._reinterpret(gl.float32, [2 * sw.KEY_GROUPS, sw.BLOCK_M],
+                                gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     return acc_state, stats
 
 
 @gluon.jit
-def _consumer(g: gl.constexpr, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb,
-              stride_qt, stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP: gl.constexpr,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              KEY_GROUPS: gl.constexpr):
+def _consumer(g: gl.constexpr, sw, ring, Q, cache_seqlens, stride_qb, stride_qt, stride_qh, seqlen_q, seqlen_new,
+              capacity, nheads_k, qk_scale):
     """One warp, keys [g·GROUP_N, (g + 1)·GROUP_N) of every tile: scores and P·V by mma.sync with a softmax state of
     its own, left in the ring's memory once every consumer is past its last tile."""
-    GROUP_N: gl.constexpr = BLOCK_N // KEY_GROUPS
+    GROUP_N: gl.constexpr = sw.BLOCK_N // sw.KEY_GROUPS
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     b, h_k, seqlen_k = _program(cache_seqlens, seqlen_new, capacity, nheads_k)
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))  # [BLOCK_M] packed query rows
-    token = rows // GROUP
-    head = h_k * GROUP + rows % GROUP
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+    rows = gl.arange(0, sw.BLOCK_M, layout=gl.SliceLayout(1, mma))  # [BLOCK_M] packed query rows
+    token = rows // sw.GROUP
+    head = h_k * sw.GROUP + rows % sw.GROUP
+    cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, mma))
     q = gl.load(Q + (b * stride_qb + token * stride_qt + head * stride_qh)[:, None] + cols[None, :],
                 mask=(token < seqlen_q)[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
     q = gl.convert_layout(q, a_op)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, mma))
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma)
-    zeros = gl.zeros([BLOCK_M, GROUP_N], gl.float32, layout=mma)
-    n_full = seqlen_k // BLOCK_N
-    for j in range(gl.cdiv(seqlen_k, BLOCK_N)):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        k = k_smem.index(stage).slice(g * GROUP_N, GROUP_N).permute((1, 0)).load(b_op)  # [HEAD_DIM, GROUP_N]
+    m_i = gl.full([sw.BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma))
+    l_i = gl.zeros([sw.BLOCK_M], gl.float32, layout=gl.SliceLayout(1, mma))
+    acc = gl.zeros([sw.BLOCK_M, sw.HEAD_DIM], gl.float32, layout=mma)
+    zeros = gl.zeros([sw.BLOCK_M, GROUP_N], gl.float32, layout=mma)
+    n_full = seqlen_k // sw.BLOCK_N
+    for j in range(gl.cdiv(seqlen_k, sw.BLOCK_N)):
+        stage = j % sw.STAGES
+        phase = (j // sw.STAGES) & 1
+        mbarrier.wait(ring.k_ready.index(stage), phase)
+        k = ring.k.index(stage).slice(g * GROUP_N, GROUP_N).permute((1, 0)).load(b_op)  # [HEAD_DIM, GROUP_N]
         qk = mma_v2(q, k, zeros)  # [BLOCK_M, GROUP_N]
         if j >= n_full:
-            keys = j * BLOCK_N + g * GROUP_N + gl.arange(0, GROUP_N, layout=gl.SliceLayout(0, mma))
+            keys = j * sw.BLOCK_N + g * GROUP_N + gl.arange(0, GROUP_N, layout=gl.SliceLayout(0, mma))
             qk = gl.where((keys < seqlen_k)[None, :], qk, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, qk, qk_scale, True)
-        mbarrier.wait(v_ready.index(stage), phase)
-        v = v_smem.index(stage).slice(g * GROUP_N, GROUP_N).load(b_op)  # [GROUP_N, HEAD_DIM]
-        mbarrier.arrive(free.index(stage))
+        mbarrier.wait(ring.v_ready.index(stage), phase)
+        v = ring.v.index(stage).slice(g * GROUP_N, GROUP_N).load(b_op)  # [GROUP_N, HEAD_DIM]
+        mbarrier.arrive(ring.free.index(stage))
         if j >= n_full:  # cache slots past the sequence may hold anything, NaN too
-            keys = j * BLOCK_N + g * GROUP_N + gl.arange(0, GROUP_N, layout=gl.SliceLayout(1, b_op))
+            keys = j * sw.BLOCK_N + g * GROUP_N + gl.arange(0, GROUP_N, layout=gl.SliceLayout(1, b_op))
             v = gl.where((keys < seqlen_k)[:, None], v, gl.zeros_like(v))
-        acc = mma_v2(gl.convert_layout(p.to(k_smem.dtype), a_op), v, acc * alpha[:, None])
+        acc = mma_v2(gl.convert_layout(p.to(ring.k.dtype), a_op), v, acc * alpha[:, None])
 
-    acc_state, stats = _states(k_smem, v_smem, BLOCK_M, HEAD_DIM, KEY_GROUPS)
-    mbarrier.arrive(done.index(0))
-    mbarrier.wait(done.index(0), 0)
+    acc_state, stats = _states(sw, ring)
+    mbarrier.arrive(ring.done.index(0))
+    mbarrier.wait(ring.done.index(0), 0)
     acc_state.index(g).store(acc)
     stats.index(2 * g).store(m_i)
     stats.index(2 * g + 1).store(l_i)
-    mbarrier.arrive(stored.index(0))
+    mbarrier.arrive(ring.stored.index(0))
 
 
 @gluon.jit
@@ -169,24 +206,20 @@ def flash_decode_hopper_kernel(k_desc, v_desc, Q, Out, LSE, cache_seqlens, strid
         mbarrier.init(free.index(i), count=KEY_GROUPS)
     mbarrier.init(done.index(0), count=KEY_GROUPS)
     mbarrier.init(stored.index(0), count=KEY_GROUPS)
-    # (a literal list: warp_specialize takes no unpacked tuple, and constexprs in a tuple stop being constexprs)
+    sw = Switches(GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, KEY_GROUPS, WRITE_LSE)
+    ring = Ring(k_smem, v_smem, k_ready, v_ready, free, done, stored)
     gl.warp_specialize([
-        (_load_and_merge, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, free, stored, Out, LSE, cache_seqlens,
-                           stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_new, capacity,
-                           nheads_k, k_rows_b, k_rows_h, k_col_h, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                           KEY_GROUPS, WRITE_LSE)),
-        (_consumer, (0, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     STAGES, KEY_GROUPS)),
-        (_consumer, (1, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     STAGES, KEY_GROUPS)),
-        (_consumer, (2, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     STAGES, KEY_GROUPS)),
-        (_consumer, (3, k_smem, v_smem, k_ready, v_ready, free, done, stored, Q, cache_seqlens, stride_qb, stride_qt,
-                     stride_qh, seqlen_q, seqlen_new, capacity, nheads_k, qk_scale, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     STAGES, KEY_GROUPS)),
+        (_load_and_merge, (sw, ring, k_desc, v_desc, Out, LSE, cache_seqlens, stride_ob, stride_ot, stride_oh,
+                           stride_lb, stride_lh, seqlen_q, seqlen_new, capacity, nheads_k, k_rows_b, k_rows_h,
+                           k_col_h)),
+        (_consumer, (0, sw, ring, Q, cache_seqlens, stride_qb, stride_qt, stride_qh, seqlen_q, seqlen_new, capacity,
+                     nheads_k, qk_scale)),
+        (_consumer, (1, sw, ring, Q, cache_seqlens, stride_qb, stride_qt, stride_qh, seqlen_q, seqlen_new, capacity,
+                     nheads_k, qk_scale)),
+        (_consumer, (2, sw, ring, Q, cache_seqlens, stride_qb, stride_qt, stride_qh, seqlen_q, seqlen_new, capacity,
+                     nheads_k, qk_scale)),
+        (_consumer, (3, sw, ring, Q, cache_seqlens, stride_qb, stride_qt, stride_qh, seqlen_q, seqlen_new, capacity,
+                     nheads_k, qk_scale)),
     ], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
 
 
