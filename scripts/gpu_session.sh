@@ -2,6 +2,7 @@
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
+#        [short-step]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -73,6 +74,12 @@ for step in "$@"; do
       python3 scripts/redesign_compare.py "$out/runs/before-1,$out/runs/before-2" "$out/runs/after-1,$out/runs/after-2" \
         | tee "$out/redesign-compare.md"
       rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs ;;  # (few files come back a call)
+    short-step) for d in 128 64; do  # the step at N=512 against its kernels, with the sm90 and the portable backward
+                  timeout 200 python3 scripts/step_host.py --seqlens 256 512 1024 --head-dim $d 2>&1 | grep "^|" \
+                    | tee -a "$out/short-step.md"
+                  timeout 100 python3 scripts/step_profile.py --seqlens 256 512 1024 --head-dim $d 2>&1 | grep "^|" \
+                    | tee -a "$out/short-step.md"
+                done ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

@@ -1,6 +1,9 @@
 """Eager training steps at short sequences: forward + backward through autograd, timed with do_bench, by the path
-eager calls take (ops._Attention) and by the custom op torch.compile traces (ops.fwd), in one process; and the host
-time of one step (no synchronization). Run on the GPU: ``PYTHONPATH=. python scripts/step_host.py``."""
+eager calls take (ops._Attention), by the custom op torch.compile traces (ops.fwd) and by the eager path with the
+portable backward (configs.BWD_BACKEND = "portable"), in one process; and the host time of one step (no
+synchronization). B·N = 16k tokens, H·D = 2048. Run on the GPU:
+``PYTHONPATH=. python scripts/step_host.py [--seqlens 512 1024] [--head-dim 128]``."""
+import argparse
 import time
 from unittest import mock
 
@@ -8,22 +11,31 @@ import torch
 import triton
 
 import flashtile
+from flashtile import configs
+
+PATHS = ("autograd.Function", "custom op", "portable backward")
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048])
+    parser.add_argument("--head-dim", type=int, default=128)
+    args = parser.parse_args(argv)
     print("| causal | N | B×H | path | step ms (do_bench) | host ms per step |")
     print("|---|---|---|---|---|---|")
     for causal in (False, True):
-        for n in (1024, 2048):
-            b, h, d = 16384 // n, 16, 128
+        for n in args.seqlens:
+            b, h, d = max(1, 16384 // n), 2048 // args.head_dim, args.head_dim
             q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             dout = torch.randn_like(q)
 
             def step():
                 torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
-            for path in ("autograd.Function", "custom op"):
-                with mock.patch("torch.compiler.is_compiling", return_value=path == "custom op"):
+            for path in PATHS:
+                backend = "portable" if path == "portable backward" else configs.BWD_BACKEND
+                with mock.patch("torch.compiler.is_compiling", return_value=path == "custom op"), \
+                        mock.patch.object(configs, "BWD_BACKEND", backend):
                     step()
                     ms = triton.testing.do_bench(step, warmup=25, rep=100)
                     torch.cuda.synchronize()
