@@ -1,5 +1,6 @@
 """What the sm90 Gluon kernels share: the register layouts of wgmma results and register operands, the 2-D
-(rows, row stride) views that every tensor is read through, and TMA descriptors over them.
+(rows, row stride) views that every tensor is read through (and Views, the bundle that tells a partition where a
+head's rows sit), and TMA descriptors over them.
 
 A head's rows of one sequence are ``row_base + n`` of a view at column ``col``: view_layout finds the view of a
 token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim) tensor, or of packed

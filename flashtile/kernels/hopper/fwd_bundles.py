@@ -116,7 +116,6 @@ class Problem:
                          sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
 
 
-
 @aggregate
 class Outputs:
     """What the consumers write and scale by: O and LSE with their strides, softmax_scale · log2(e)."""
