@@ -151,6 +151,16 @@ def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
     return config, fwd_launch.switches(q, k, k, causal, config)
 
 
+def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
+    """What an sm90 GPU runs for flash_attn_func's backward on bf16 tensors of that shape, on any machine: (config,
+    design: the launches in order) of kernels/hopper/bwd.py, or None where it runs the portable kernel."""
+    from . import dispatch
+    q = torch.empty(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16)
+    config = dispatch.hopper_backward_pick(q, k, k, q, (-1, 0) if causal else (-1, -1))
+    return None if config is None else (config, BACKWARD_FILES[config.design(deterministic)])
+
+
 def decode_plan(batch, cache_len, nheads, nheads_k, head_dim):
     """flash_attn_with_kvcache's plan for one new token a sequence over a (batch, cache_len, nheads_k, head_dim)
     cache, flash-attn's layout, on this machine's device (as call_plans)."""
@@ -182,6 +192,12 @@ def info(args):
         config = ", ".join(f"{name}={value!r}" for name, value in vars(hopper[0]).items() if name != "below")
         print(f"on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/hopper/fwd.py with "
               f"{type(hopper[0]).__name__}({config}), compiled with {hopper[1]}")
+    hopper = sm90_backward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, args.causal,
+                           args.deterministic)
+    if hopper is None:
+        print("on an sm90 GPU (H100, H200) in bf16 the backward runs kernels/portable/bwd.py")
+    else:
+        print(f"on an sm90 GPU (H100, H200) in bf16 the backward runs, in kernels/, {hopper[1]} with {hopper[0]}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
         from . import configs

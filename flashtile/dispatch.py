@@ -86,12 +86,20 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 
 def takes_hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                           window_size: tuple[int, int], packed: bool) -> bool:
-    """Whether the sm90 backward takes the call: configs.BWD_BACKEND "auto", sm90, batch mode, a call the kernel's
-    ``supports`` accepts."""
-    if configs.BWD_BACKEND == "portable" or packed or arch(q.device) != (9, 0) or interpreter_enabled():
+    """Whether the sm90 backward takes the call: sm90, not the interpreter, and hopper_backward_pick gives a config."""
+    if arch(q.device) != (9, 0) or interpreter_enabled():
         return False
+    return hopper_backward_pick(q, k, v, dout, window_size, packed) is not None
+
+
+def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                         window_size: tuple[int, int], packed: bool = False) -> Optional[configs.HopperBwdConfig]:
+    """The sm90 backward's config for the call on any device: configs.BWD_BACKEND "auto", batch mode, a call the
+    kernel's ``supports`` accepts; else None (``flashtile info`` says what an sm90 GPU would run)."""
+    if configs.BWD_BACKEND == "portable" or packed:
+        return None
     from .kernels.hopper.bwd import supports
-    return supports(q, k, v, dout, window_size)
+    return configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))] if supports(q, k, v, dout, window_size) else None
 
 
 def _portable(tables: tuple, head_dim_pad: int, causal: bool, itemsize: int, arch: Optional[tuple[int, int]],

@@ -107,3 +107,23 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
         assert f"FwdSwitches(CAUSAL={causal}," in line
         assert f"FROZEN_MAX={picked.frozen_max}" in line
 
+
+
+@pytest.mark.parametrize("shape, files", [(["--causal"], "hopper/bwd.py"),
+                                          (["--head-dim", "256", "--deterministic"], "hopper/bwd_split.py"),
+                                          (["--head-dim", "40"], None)],
+                         ids=["d128-causal", "d256-deterministic", "d40"])
+def test_info_says_which_sm90_backward_runs(shape, files, capsys):
+    """On any machine ``info`` names the sm90 backward's kernel files for the call, in launch order, with the
+    configs.BWD_HOPPER entry and the design that entry takes (deterministic=True: no atomics)."""
+    from flashtile import configs
+    assert cli.main(["info", *shape]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("on an sm90 GPU") and "backward" in line)
+    if files is None:
+        assert line.endswith("the backward runs kernels/portable/bwd.py")
+        return
+    head_dim = int(shape[1]) if shape[0] == "--head-dim" else 128
+    config = configs.BWD_HOPPER[(head_dim, "--causal" in shape)]
+    assert files in line and line.endswith(f"with {config}")
+    assert cli.BACKWARD_FILES[config.design("--deterministic" in shape)] in line

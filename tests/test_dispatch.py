@@ -69,3 +69,19 @@ def test_here_the_plans_are_the_portable_kernels_in_the_interpreter():
         pytest.skip("a CUDA machine plans for its GPU")
     assert dispatch.forward(q, k, v, (-1, 0)) == dispatch.Plan("portable/fwd.py", configs.FWD_INTERPRETER)
     assert dispatch.backward(q, k, v, dout, (-1, 0)) == dispatch.Plan("portable/bwd.py", configs.BWD_INTERPRETER)
+
+
+def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
+    """hopper_backward_pick (what ``flashtile info`` prints for an sm90 GPU) gives the config the sm90 dispatch uses,
+    here too, and None where the portable backward would run."""
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernels are written against triton 3.6")
+    monkeypatch.setattr(configs, "BWD_BACKEND", "auto")
+    q, k, v, dout = tensors(1024, 64)
+    assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, 0)) is configs.BWD_HOPPER[(64, True)]
+    assert dispatch.hopper_backward_pick(q, k, v, dout, (128, 0)) is None  # sliding window
+    assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1), packed=True) is None
+    assert dispatch.hopper_backward_pick(*tensors(1024, 96), (-1, -1)) is None
+    monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
+    assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1)) is None
+    assert not dispatch.takes_hopper_backward(q, k, v, dout, (-1, -1), False)
