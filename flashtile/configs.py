@@ -245,7 +245,7 @@ FWD_HOPPER = {
 }
 
 # The backward (docs/configs.md#bwd_hopper, #bwd_hopper-entries): a ring of 2 stages; the Gluon dQ kernel beat the
-# portable tiles; at D=64 and D=128 the one pass beat the two kernels and the portable backward at every length.
+# portable tiles; at D=64 and D=128 the one pass beat the two kernels, and the portable backward from 512 keys.
 BWD_HOPPER = {
     (128, False): HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
     (128, True): HopperBwdConfig(dq_hopper=HopperDqConfig(), single_pass=True),
