@@ -34,6 +34,11 @@ def arch(device: torch.device) -> Optional[tuple[int, int]]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
+def runs_gluon(device: torch.device) -> bool:
+    """Whether the sm90 Gluon kernels can run here: an sm90 GPU, not the Triton interpreter."""
+    return arch(device) == (9, 0) and not interpreter_enabled()
+
+
 def is_causal(window_size: tuple[int, int]) -> bool:
     return window_size[1] == 0 and window_size[0] < 0
 
@@ -54,7 +59,7 @@ def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win
                           seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
     """The sm90 forward's config when it covers the call (configs.FWD_BACKEND, the arch, the head dim's chain of
     configs by min_seqlen_q, the kernel's ``supports``), else None."""
-    if configs.FWD_BACKEND == "portable" or arch(q.device) != (9, 0) or interpreter_enabled():
+    if configs.FWD_BACKEND == "portable" or not runs_gluon(q.device):
         return None
     return hopper_forward_pick(q, k, v, window_size, seqlen_q)
 
@@ -77,8 +82,10 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
              alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
     """The backward's plan: the sm90 kernels (kernels/hopper/bwd.py launches them, in the config's design) where
     takes_hopper_backward says so (no softcap, no ALiBi), else the portable backward with bwd_config's tiles."""
-    if not softcap and alibi_slopes is None and takes_hopper_backward(q, k, v, dout, window_size, packed):
-        config = configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))]
+    config = None
+    if not softcap and alibi_slopes is None and runs_gluon(q.device):
+        config = hopper_backward_pick(q, k, v, dout, window_size, packed)
+    if config is not None:
         return Plan("hopper/bwd.py", config, config.design(deterministic))
     return Plan("portable/bwd.py", bwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),
                                               arch(q.device), interpreter_enabled()))
@@ -87,9 +94,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 def takes_hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                           window_size: tuple[int, int], packed: bool) -> bool:
     """Whether the sm90 backward takes the call: sm90, not the interpreter, and hopper_backward_pick gives a config."""
-    if arch(q.device) != (9, 0) or interpreter_enabled():
-        return False
-    return hopper_backward_pick(q, k, v, dout, window_size, packed) is not None
+    return runs_gluon(q.device) and hopper_backward_pick(q, k, v, dout, window_size, packed) is not None
 
 
 def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
@@ -180,7 +185,7 @@ def hopper_decode_config(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """The sm90 warp-specialized decode kernel's config where it covers the call: one split over a contiguous
     head-major cache (a key-major one, ``adjacent``, goes to the portable kernel, configs.DECODE_HOPPER), no option
     that masks or biases scores (a causal mask over one new token masks nothing), else None."""
-    if (adjacent or arch(q.device) != (9, 0) or interpreter_enabled() or block_table is not None
+    if (adjacent or not runs_gluon(q.device) or block_table is not None
             or batch_idx is not None or leftpad is not None or softcap or alibi_slopes is not None
             or window_size[0] >= 0 or (window_size[1] >= 0 and q.shape[1] > 1)):
         return None

@@ -73,7 +73,8 @@ for step in "$@"; do
       done
       python3 scripts/redesign_compare.py "$out/runs/before-1,$out/runs/before-2" "$out/runs/after-1,$out/runs/after-2" \
         | tee "$out/redesign-compare.md"
-      rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs ;;  # (few files come back a call)
+      # few files come back from a call: the runs' json in one archive
+      rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs && rm -rf "$out/runs" ;;
     short-step) for d in 128 64; do  # the step at N=512 against its kernels, with the sm90 and the portable backward
                   timeout 200 python3 scripts/step_host.py --seqlens 256 512 1024 --head-dim $d 2>&1 | grep "^|" \
                     | tee -a "$out/short-step.md"
