@@ -65,7 +65,7 @@ for step in "$@"; do
         tree=${run%-*} root=$PWD; [ $tree = before ] && root=$PWD/.before
         if [ $step = redesign-bench ]; then
           PYTHONPATH=$root timeout 150 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
-            --rounds 1 --warm-gpu 5 --out "$out/runs/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
+            --warm-gpu 5 --out "$out/runs/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
         else
           PYTHONPATH=$root timeout 140 python3 -m flashtile.bench.decode --rounds 2 --out "$out/runs/$run" 2>&1 \
             | grep "^|" | tee -a "$out/redesign.log"
