@@ -2,7 +2,9 @@
 ops.py asks here (``forward``, ``backward`` and ``decode`` return a Plan, which ``flashtile info`` prints). Each rule
 reads the tables when it is called, so tests and sweeps may swap a table in configs."""
 import functools
+import importlib
 from dataclasses import replace
+from types import ModuleType
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -32,6 +34,13 @@ class Plan(NamedTuple):
 def arch(device: torch.device) -> Optional[tuple[int, int]]:
     """(major, minor) of a CUDA device; None for the CPU."""
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+@functools.cache
+def hopper(module: str) -> ModuleType:
+    """The kernels/hopper module ``module``, imported on first use: Gluon loads only once a call may run on it (a
+    cached lookup, not an import statement, on every eager call)."""
+    return importlib.import_module(f".kernels.hopper.{module}", __package__)
 
 
 def runs_gluon(device: torch.device) -> bool:
@@ -73,8 +82,7 @@ def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windo
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)
     if config is None:
         return None
-    from .kernels.hopper.fwd_launch import supports
-    return config if supports(q, k, v, window_size) else None
+    return config if hopper("fwd_launch").supports(q, k, v, window_size) else None
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, window_size: tuple[int, int],
@@ -103,7 +111,7 @@ def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout
     kernel's ``supports`` accepts; else None (``flashtile info`` says what an sm90 GPU would run)."""
     if configs.BWD_BACKEND == "portable" or packed:
         return None
-    from .kernels.hopper.bwd import supports
+    supports = hopper("bwd").supports
     return configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))] if supports(q, k, v, dout, window_size) else None
 
 
@@ -147,10 +155,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, capaci
     programs, sms = batch * k_cache.shape[2], num_sms(q.device)
     adjacent = heads_adjacent(k_cache, v_cache)
     if config is None and num_splits <= 1:
-        hopper = hopper_decode_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
-                                      window_size, adjacent, programs, capacity, sms)
-        if hopper is not None:
-            return Plan("hopper/decode.py", hopper, splits=1, chunk=capacity)
+        sm90 = hopper_decode_config(q, k_cache, v_cache, batch_idx, block_table, leftpad, softcap, alibi_slopes,
+                                    window_size, adjacent, programs, capacity, sms)
+        if sm90 is not None:
+            return Plan("hopper/decode.py", sm90, splits=1, chunk=capacity)
     interpreter = interpreter_enabled()
     if config is None and not interpreter:
         nheads_k, pad = k_cache.shape[2], head_dim_pad(head_dim)
@@ -192,8 +200,7 @@ def hopper_decode_config(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     config = decode_hopper_config(q.shape[-1], programs, capacity, sms)
     if config is None:
         return None
-    from .kernels.hopper import decode as decode_hopper
-    return config if decode_hopper.supports(q, k_cache, v_cache) else None
+    return config if hopper("decode").supports(q, k_cache, v_cache) else None
 
 
 def decode_config(head_dim_pad: int, interpreter: bool, waves: bool = False, chunk: int = 0) -> configs.DecodeConfig:

@@ -78,9 +78,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
         plan = dispatch.Plan("hopper/fwd.py" if isinstance(config, configs.HopperFwdConfig) else "portable/fwd.py",
                              config)
     if plan.kernel == "hopper/fwd.py":
-        from .kernels.hopper.fwd_launch import launch_fwd_hopper
-        launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                          dispatch.is_causal(window_size), bottom_right, plan.config)
+        dispatch.hopper("fwd_launch").launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                        softmax_scale, dispatch.is_causal(window_size), bottom_right,
+                                                        plan.config)
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
                           bottom_right, plan.config, softcap, alibi_slopes)
@@ -149,9 +149,9 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     else:
         plan = dispatch.Plan("portable/bwd.py", config)
     if plan.kernel == "hopper/bwd.py":
-        from .kernels.hopper.bwd import launch_bwd_hopper
-        return launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
-                                 bottom_right, deterministic, plan.config, dlse=dlse)
+        return dispatch.hopper("bwd").launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale,
+                                                        dispatch.is_causal(window_size), bottom_right, deterministic,
+                                                        plan.config, dlse=dlse)
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
     delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -344,8 +344,8 @@ def kvcache_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: 
     plan = dispatch.decode(q, k_cache, v_cache, capacity, num_splits, batch_idx, block_table, leftpad, softcap,
                            alibi_slopes, window_size, config)
     if plan.kernel == "hopper/decode.py":
-        from .kernels.hopper.decode import launch_decode_hopper
-        launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, plan.config, seqlen_new)
+        dispatch.hopper("decode").launch_decode_hopper(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale,
+                                                       plan.config, seqlen_new)
         return out, lse
     scratch = None
     if plan.splits > 1:

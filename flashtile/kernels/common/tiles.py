@@ -105,9 +105,13 @@ def band_tiles(start, seqlen_other, diag, left, right, BLOCK_OWN: tl.constexpr, 
 def tma_addressable(t):
     """Can a TMA descriptor address ``t``: 16-byte aligned base and strides, unit last stride, and no
     zero stride on a dim longer than 1 (expanded tensors)."""
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(s * size % 16 == 0 and (s > 0 or n == 1) for s, n in zip(t.stride()[:-1], t.shape[:-1])))
+    return t.data_ptr() % 16 == 0 and _tma_strides(t.shape, t.stride(), t.element_size())
+
+
+@functools.lru_cache(maxsize=1024)
+def _tma_strides(shape, stride, size):
+    """tma_addressable's test of the strides, once per (shape, strides, element size): it runs on every eager call."""
+    return stride[-1] == 1 and all(s * size % 16 == 0 and (s > 0 or n == 1) for s, n in zip(stride[:-1], shape[:-1]))
 
 
 def host_descriptors(tensors_and_blocks, head_dim_pad, heads=1):

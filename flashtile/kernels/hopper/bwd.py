@@ -36,11 +36,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
+from ... import configs
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
+from ..portable import bwd as portable_bwd
+from . import bwd_dq, bwd_split
 from .bwd_dq import Switches, backward_descriptors
-from .common import as_tensor, descriptor, register_operand_layout, store_rows, view_layout, views, wgmma_layout
+from .common import (
+    GLUON_VERSION_OK,
+    as_tensor,
+    descriptor,
+    register_operand_layout,
+    store_rows,
+    view_layout,
+    views,
+    wgmma_layout,
+)
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
 DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
@@ -311,13 +323,13 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 def supports(q, k, v, dout, window_size):
     """Batch-mode calls the sm90 backward covers: a head dim with a configs.BWD_HOPPER entry, bf16/fp16, full or
     causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
-    from ... import configs
-    from .common import GLUON_VERSION_OK
-    return (GLUON_VERSION_OK and q.dim() == 4 and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
-            and q.dtype in (torch.bfloat16, torch.float16)
-            and window_size[0] < 0 and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and view_layout(t, False) is not None for t in (q, k, v, dout))
-            and view_layout(dout, False) == view_layout(q, False) and view_layout(v, False) == view_layout(k, False))
+    if not (GLUON_VERSION_OK and q.dim() == 4 and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
+            and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0 and window_size[1] in (-1, 0)
+            and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
+        return False
+    layout_q, layout_k = view_layout(q, False), view_layout(k, False)
+    return (layout_q is not None and layout_k is not None and view_layout(dout, False) == layout_q
+            and view_layout(v, False) == layout_k)
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
@@ -326,7 +338,6 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag); ``dq_acc``
     (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by
     another kernel)."""
-    from ... import configs
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -375,20 +386,19 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     or by kernels/hopper/bwd_split.py with ``config.split_gradients``). ``config`` a configs.HopperBwdConfig.
     ``dlse``, the LSE's gradient (or None), enters as delta − dlse, which the preprocess launch computes in one pass
     for either design. Returns delta (− dlse), as the kernels used it."""
-    from ... import configs
-    from ..portable.bwd import launch_dq_cast, launch_preprocess
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
-        delta, dq_acc = launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config), dlse=dlse)
+        delta, dq_acc = portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config),
+                                                       dlse=dlse)
         _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc)
-        launch_dq_cast(dq_acc, dq, softmax_scale)
+        portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale)
         return delta
-    from .bwd_dq import launch_dq_hopper
     delta_in = dlse is not None
-    delta = launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in else torch.empty_like(lse)
-    launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
-                     delta_in)
+    delta = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in
+             else torch.empty_like(lse))
+    bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
+                            delta_in)
     _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
     return delta
 
@@ -399,7 +409,6 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
     tensors = (q, k, v, dout, dk, dv, lse, delta, dq_acc)
     key = launch_key(tensors, softmax_scale, causal, bottom_right, config)
     if config.split_gradients:
-        from . import bwd_split
         kernel, make = bwd_split.flash_bwd_dkdv_split_kernel, bwd_split.launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta"]
         tensors = tensors[:-1]

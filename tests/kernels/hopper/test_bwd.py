@@ -55,6 +55,26 @@ def test_backward_dispatch(monkeypatch):
     assert not taken("auto", 4096, packed=True)
 
 
+@pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
+def test_supports_reads_do_like_q_and_v_like_k():
+    """bwd.supports: the loader reads dO at Q's coordinates and V at K's, so each pair must share its 2-D view (token-
+    or head-major alike); every base 16-byte aligned."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    q, dout = (torch.randn(2, 64, 4, 128, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 96, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+
+    def head_major(t):
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    assert bwd_hopper.supports(q, k, v, dout, (-1, 0))
+    assert bwd_hopper.supports(head_major(q), k, v, head_major(dout), (-1, -1))  # each pair in its own layout
+    assert not bwd_hopper.supports(q, k, v, head_major(dout), (-1, 0))
+    assert not bwd_hopper.supports(q, k, head_major(v), dout, (-1, 0))
+    assert not bwd_hopper.supports(q, k[..., :64], v[..., :64], dout, (-1, 0))  # rows of 64 columns in a 128 stride
+    unaligned = torch.randn(2 * 64 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 4, 128)
+    assert not bwd_hopper.supports(q, k, v, unaligned, (-1, 0))
+    assert not bwd_hopper.supports(q, k, v, dout, (128, 0))  # a sliding window
+
+
 class _Recorder:
     """Stands in for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` appends (name, args, kwargs) to calls."""
 

@@ -1,0 +1,54 @@
+"""The Python of the sm90 backward's host path, timed on any machine (the CPU will do): ``ops.attention_backward`` on
+CPU tensors with dispatch told the GPU is an sm90 one and every launch stubbed out, so what is timed is the checks,
+the dispatch, the allocations, the launch keys and the descriptors' views, not Triton or the GPU. Host-path changes
+can be A/B'd here between device sessions; their effect on a real step is measured on the GPU
+(scripts/step_host.py --parts). B=1, N=128, H=16, D=128, bf16, causal; µs per call, the best of the turns:
+``python scripts/host_python.py [--turns 5] [--cprofile]``."""
+import argparse
+import cProfile
+import pstats
+import time
+from unittest import mock
+
+import torch
+
+from flashtile import dispatch, ops
+from flashtile.kernels.common import replay
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--cprofile", action="store_true")
+    args = parser.parse_args(argv)
+    q, k, v, dout, out = (torch.randn(1, 128, 16, 128, dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.randn(1, 16, 128)
+    rows = {
+        "ops.attention_backward (sm90 path)": lambda: ops.attention_backward(dout, q, k, v, out, lse, 0.088, (-1, 0),
+                                                                             True, False),
+        "dispatch.backward": lambda: dispatch.backward(q, k, v, dout, (-1, 0)),
+    }
+    with mock.patch.object(dispatch, "runs_gluon", lambda device: True), \
+            mock.patch.object(replay.Replays, "launch", lambda *args: None):
+        print(f"plan: {dispatch.backward(q, k, v, dout, (-1, 0))}")
+        best = {}
+        for _ in range(args.turns):
+            for name, fn in rows.items():
+                for _ in range(100):
+                    fn()
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    fn()
+                us = (time.perf_counter() - start) / args.calls * 1e6
+                best[name] = min(best.get(name, us), us)
+        for name, us in best.items():
+            print(f"| {name} | {us:.1f} µs |")
+        if args.cprofile:
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [rows["ops.attention_backward (sm90 path)"]() for _ in range(2000)])
+            pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
