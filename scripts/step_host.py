@@ -78,26 +78,37 @@ class _Floor(torch.autograd.Function):
 
 
 class _Shaped(torch.autograd.Function):
-    """_Floor with ops._Attention's signature: 15 arguments, (out, lse) out, 7 saved, 15 gradients back."""
+    """_Floor with ops._Attention's signature: 15 arguments, (out, lse) out, what ops._setup_context saves, 15
+    gradients back."""
 
     @staticmethod
-    def forward(ctx, q, k, v, *params):
+    def forward(ctx, *args):
+        from flashtile import ops
+        q = args[0]
         out, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse, None, None)
-        ctx.params = params
-        ctx.set_materialize_grads(False)
+        ops._setup_context(ctx, args, (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, _, _ = ctx.saved_tensors
+        q, k, v = ctx.saved_tensors[:3]
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) + (None, ) * 12
+
+
+class _ShapedForward(_Shaped):
+    """_Shaped's empty forward, ops._Attention's backward (its kernels run on the empty O and LSE)."""
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from flashtile import ops
+        return ops._Attention.backward(ctx, dout, dlse)
 
 
 def parts(calls=2000, turns=3):
     from profile_host import per_call_us
 
     from flashtile import ops
+    from flashtile.kernels.common import replay
     q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
     out, lse = ops.fwd(q.detach(), k.detach(), v.detach(), None, None, 128, 128, 0.088, -1, 0, True, False, False)
@@ -136,9 +147,19 @@ def parts(calls=2000, turns=3):
         finally:
             gc.enable()
 
-    def shaped():
-        torch.autograd.grad(_Shaped.apply(q, k, v, None, None, 128, 128, 0.088, -1, 0, True, False, False, 0.0,
-                                          None)[0], (q, k, v), dout)
+    def shaped(function=_Shaped):
+        def run():
+            torch.autograd.grad(function.apply(q, k, v, None, None, 128, 128, 0.088, -1, 0, True, False, False, 0.0,
+                                               None)[0], (q, k, v), dout)
+        return run
+
+    def no_launch_step():
+        with mock.patch.object(replay.Replay, "run", lambda self, device, *tensors: None):
+            step()
+
+    def empty_backward_step():
+        with mock.patch.object(ops._Attention, "backward", _Shaped.backward):
+            step()
     rows = {
         "forward, no grad": lambda: flashtile.flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True),
         "forward, inputs require grad": lambda: flashtile.flash_attn_func(q, k, v, causal=True),
@@ -149,7 +170,10 @@ def parts(calls=2000, turns=3):
         "ops.attention_backward (sm90)": backward(configs.BWD_BACKEND),
         "ops.attention_backward (portable)": backward("portable"),
         "autograd.Function floor (empty_like each way)": floor,
-        "autograd.Function floor, ops._Attention's signature": shaped,
+        "autograd.Function floor, ops._Attention's signature": shaped(),
+        "forward + backward, no kernel launched (replays stubbed)": no_launch_step,
+        "our forward, an empty backward": empty_backward_step,
+        "an empty forward, our backward": shaped(_ShapedForward),
         "torch.empty x3": lambda: [torch.empty(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)],
         "SDPA FA2 forward + backward (reference point)": sdpa_step,
     }
