@@ -2,7 +2,7 @@
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
-#        [short-step] [host-parts]
+#        [short-step] [host-parts] [short-design]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -81,6 +81,8 @@ for step in "$@"; do
                   timeout 100 python3 scripts/step_profile.py --seqlens 256 512 1024 --head-dim $d 2>&1 | grep "^|" \
                     | tee -a "$out/short-step.md"
                 done ;;
+    short-design) timeout 240 python3 scripts/bwd_design_ab.py single_pass=0 --seqlens 256 512 1024 2>&1 | grep "^|" \
+                    | tee "$out/short-design.md" ;;  # two kernels against one pass where the step is short
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
