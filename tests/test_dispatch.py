@@ -85,3 +85,26 @@ def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
     monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
     assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1)) is None
     assert not dispatch.takes_hopper_backward(q, k, v, dout, (-1, -1), False)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, causal, monkeypatch):
+    """ops executes dispatch's plans: on sm90 (pretended) the forward and the backward reach the launchers of the
+    kernels/hopper modules that dispatch.hopper loads, with the plan's config (recorded here, nothing launched)."""
+    from flashtile import ops
+    calls = []
+    fwd_launch, bwd = dispatch.hopper("fwd_launch"), dispatch.hopper("bwd")
+    monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", lambda *args: calls.append(("forward", args[-1])))
+
+    def backward(*args, **kwargs):
+        calls.append(("backward", args[-1]))
+        return torch.zeros_like(args[5])
+    monkeypatch.setattr(bwd, "launch_bwd_hopper", backward)
+    q, k, v, dout = tensors(1024, 128)
+    window = (-1, 0) if causal else (-1, -1)
+    out, lse = ops.attention_forward(q, k, v, 0.1, window, True)
+    ops.attention_backward(dout, q, k, v, out, lse, 0.1, window, True, False)
+    assert calls == [("forward", dispatch.forward(q, k, v, window).config),
+                     ("backward", dispatch.backward(q, k, v, dout, window).config)]
+    assert any(c is calls[0][1] for c in configs.hopper_fwd_chain(configs.FWD_HOPPER[(128, causal)]))
+    assert calls[1][1] is configs.BWD_HOPPER[(128, causal)]
