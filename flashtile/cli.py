@@ -125,39 +125,37 @@ def backward_plans():
     return lines
 
 
+def _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device="cpu", dtype=torch.bfloat16):
+    """(q, k, window) of a flash_attn_func call of that shape, new tensors (k stands for v and q for dO too)."""
+    q = torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype)
+    k = torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype)
+    return q, k, (-1, 0) if causal else (-1, -1)
+
+
 def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
     """(forward plan, backward plan) of flash_attn_func on new tensors of that shape on this machine's device (bf16 on
     a GPU; fp16 under the interpreter)."""
     from . import dispatch
     device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float16)
-    q = torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype)
-    k = torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype)
-    window = (-1, 0) if causal else (-1, -1)
+    q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device, dtype)
     return dispatch.forward(q, k, k, window), dispatch.backward(q, k, k, q, window, deterministic=deterministic)
 
 
 def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
     """What an sm90 GPU runs for flash_attn_func's forward on bf16 tensors of that shape, on any machine: (config,
     compile-time switches) of kernels/hopper/fwd.py, or None where it runs the portable kernel."""
-    from . import configs, dispatch
-    if configs.FWD_BACKEND == "portable":
-        return None
-    q = torch.empty(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
-    k = torch.empty(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16)
-    config = dispatch.hopper_forward_pick(q, k, k, (-1, 0) if causal else (-1, -1))
-    if config is None:
-        return None
-    from .kernels.hopper import fwd_launch
-    return config, fwd_launch.switches(q, k, k, causal, config)
+    from . import dispatch
+    q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal)
+    config = dispatch.hopper_forward_pick(q, k, k, window)
+    return None if config is None else (config, dispatch.hopper("fwd_launch").switches(q, k, k, causal, config))
 
 
 def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
     """What an sm90 GPU runs for flash_attn_func's backward on bf16 tensors of that shape, on any machine: (config,
     design: the launches in order) of kernels/hopper/bwd.py, or None where it runs the portable kernel."""
     from . import dispatch
-    q = torch.empty(batch, seqlen, nheads, head_dim, dtype=torch.bfloat16)
-    k = torch.empty(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16)
-    config = dispatch.hopper_backward_pick(q, k, k, q, (-1, 0) if causal else (-1, -1))
+    q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal)
+    config = dispatch.hopper_backward_pick(q, k, k, q, window)
     return None if config is None else (config, BACKWARD_FILES[config.design(deterministic)])
 
 

@@ -66,17 +66,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tupl
 
 def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
                           seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
-    """The sm90 forward's config when it covers the call (configs.FWD_BACKEND, the arch, the head dim's chain of
-    configs by min_seqlen_q, the kernel's ``supports``), else None."""
-    if configs.FWD_BACKEND == "portable" or not runs_gluon(q.device):
-        return None
-    return hopper_forward_pick(q, k, v, window_size, seqlen_q)
+    """The sm90 forward's config when it covers the call: an sm90 GPU, not the interpreter, and hopper_forward_pick
+    gives a config; else None."""
+    return hopper_forward_pick(q, k, v, window_size, seqlen_q) if runs_gluon(q.device) else None
 
 
 def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
                         seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
-    """hopper_forward_config on any device: the config of the head dim's chain for the call's query rows, where the
-    kernel's ``supports`` takes the call, else None (``flashtile info`` says what an sm90 GPU would run)."""
+    """The sm90 forward's config for the call on any device: configs.FWD_BACKEND "auto", the config of the head dim's
+    chain for the call's query rows, where the kernel's ``supports`` takes the call; else None (``flashtile info`` says
+    what an sm90 GPU would run)."""
+    if configs.FWD_BACKEND == "portable":
+        return None
     rows = q.shape[1] if seqlen_q is None else seqlen_q
     chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((q.shape[-1], is_causal(window_size))))
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)
@@ -88,8 +89,9 @@ def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windo
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, window_size: tuple[int, int],
              packed: bool = False, deterministic: bool = False, softcap: float = 0.0,
              alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
-    """The backward's plan: the sm90 kernels (kernels/hopper/bwd.py launches them, in the config's design) where
-    takes_hopper_backward says so (no softcap, no ALiBi), else the portable backward with bwd_config's tiles."""
+    """The backward's plan: the sm90 kernels (kernels/hopper/bwd.py launches them, in the config's design) on an sm90
+    GPU where hopper_backward_pick gives a config (no softcap, no ALiBi), else the portable backward with
+    bwd_config's tiles."""
     config = None
     if not softcap and alibi_slopes is None and runs_gluon(q.device):
         config = hopper_backward_pick(q, k, v, dout, window_size, packed)

@@ -8,10 +8,10 @@ the GPU (scripts/step_host.py --parts). B=1, N=128, H=16, D=128, bf16, causal; Â
 import argparse
 import cProfile
 import pstats
-import time
 from unittest import mock
 
 import torch
+from profile_host import per_call_us
 
 import flashtile
 from flashtile import checks, dispatch, ops
@@ -63,12 +63,7 @@ def main(argv=None):
         best = {}
         for _ in range(args.turns):
             for name, fn in rows.items():
-                for _ in range(100):
-                    fn()
-                start = time.perf_counter()
-                for _ in range(args.calls):
-                    fn()
-                us = (time.perf_counter() - start) / args.calls * 1e6
+                us = per_call_us(fn, args.calls)
                 best[name] = min(best.get(name, us), us)
         for name, us in best.items():
             print(f"| {name} | {us:.1f} Âµs |")

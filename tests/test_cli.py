@@ -127,3 +127,15 @@ def test_info_says_which_sm90_backward_runs(shape, files, capsys):
     config = configs.BWD_HOPPER[(head_dim, "--causal" in shape)]
     assert files in line and line.endswith(f"with {config}")
     assert cli.BACKWARD_FILES[config.design("--deterministic" in shape)] in line
+
+
+def test_info_follows_the_backends(monkeypatch, capsys):
+    """FLASHTILE_FWD_BACKEND / FLASHTILE_BWD_BACKEND=portable (configs.FWD_BACKEND, BWD_BACKEND): ``info`` says an
+    sm90 GPU runs the portable kernels too (dispatch's picks read the backends, as the calls do)."""
+    from flashtile import configs
+    monkeypatch.setattr(configs, "FWD_BACKEND", "portable")
+    monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
+    assert cli.main(["info", "--causal"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("on an sm90 GPU")]
+    assert lines == ["on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/portable/fwd.py",
+                     "on an sm90 GPU (H100, H200) in bf16 the backward runs kernels/portable/bwd.py"]
