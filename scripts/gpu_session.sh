@@ -2,7 +2,7 @@
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
-#        [short-step] [host-parts] [short-design]
+#        [short-step] [host-parts] [short-design] [sinks]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -61,7 +61,7 @@ for step in "$@"; do
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
                    | grep '^|' | tee "$out/clock-probe.md" ;;
     redesign-bench|redesign-decode)  # issue 38's bar: .before/flashtile (carried) against this tree, in turns
-      for run in before-1 after-1 after-2 before-2; do  # ABBA: neither tree always runs on a warmer GPU
+      for run in before-1 after-1 after-2 before-2 before-3 after-3; do  # ABBAAB: neither tree always runs warmer
         tree=${run%-*} root=$PWD; [ $tree = before ] && root=$PWD/.before
         if [ $step = redesign-bench ]; then
           PYTHONPATH=$root timeout 150 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
@@ -71,7 +71,8 @@ for step in "$@"; do
             | grep "^|" | tee -a "$out/redesign.log"
         fi
       done
-      python3 scripts/redesign_compare.py "$out/runs/before-1,$out/runs/before-2" "$out/runs/after-1,$out/runs/after-2" \
+      python3 scripts/redesign_compare.py "$out/runs/before-1,$out/runs/before-2,$out/runs/before-3" \
+        "$out/runs/after-1,$out/runs/after-2,$out/runs/after-3" \
         | tee "$out/redesign-compare.md"
       # few files come back from a call: the runs' json in one archive
       rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs && rm -rf "$out/runs" ;;
@@ -83,6 +84,12 @@ for step in "$@"; do
                 done ;;
     short-design) timeout 240 python3 scripts/bwd_design_ab.py single_pass=0 --seqlens 256 512 1024 2>&1 | grep "^|" \
                     | tee "$out/short-design.md" ;;  # two kernels against one pass where the step is short
+    sinks) timeout 230 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
+             tests/kernels/hopper/test_bwd.py -k "sinks or varlen or large_logits" 2>&1 \
+             | grep -E "passed|failed|FAILED|Error" | tee -a "$out/sinks.log"
+           timeout 120 python3 -m flashtile.bench --backward --peers flashtile "flashtile (sinks)" --memory-seqlens \
+             --warm-gpu 5 --out "$out/sinks-bench" 2>&1 | grep "^|" | tee -a "$out/sinks.log"
+           rm -f "$out"/sinks-bench/*.png ;;  # learnable_sink: its GPU tests, then its speed against none
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
