@@ -35,8 +35,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     checks.alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
     _check_sink(learnable_sink, q.shape[2], q.device)
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
-                                   softcap=softcap, alibi_slopes=alibi_slopes)
-    return _finish(out, lse, learnable_sink, 1, return_attn_probs)
+                                   softcap=softcap, alibi_slopes=alibi_slopes, sinks=learnable_sink)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def _check_sink(learnable_sink: Optional[Tensor], nheads: int, device: torch.device) -> None:
@@ -44,16 +44,11 @@ def _check_sink(learnable_sink: Optional[Tensor], nheads: int, device: torch.dev
         return
     if not isinstance(learnable_sink, torch.Tensor):
         raise TypeError(f"learnable_sink must be a torch.Tensor, got {type(learnable_sink).__name__}")
+    if not learnable_sink.is_floating_point():
+        raise TypeError(f"learnable_sink must be a floating-point tensor, got {learnable_sink.dtype}")
     if learnable_sink.shape != (nheads, ) or learnable_sink.device != device:
         raise ValueError(f"learnable_sink must have shape ({nheads},) on {device} (one logit per query head), got "
                          f"{tuple(learnable_sink.shape)} on {learnable_sink.device}")
-
-
-def _finish(out: Tensor, lse: Tensor, sink: Optional[Tensor], heads_dim: int, return_attn_probs: bool) -> Result:
-    """out (and the LSE) after the sinks, where there are any."""
-    if sink is not None:
-        out, lse = ops.with_sinks(out, lse, sink, heads_dim)
-    return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -93,8 +88,9 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     _check_sink(learnable_sink, q.shape[1], q.device)
     out, lse = ops.flash_attention(q, k, v, scale, window, bottom_right=True, deterministic=deterministic,
                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                   max_seqlen_k=max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes)
-    return _finish(out, lse, learnable_sink, 0, return_attn_probs)
+                                   max_seqlen_k=max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   sinks=learnable_sink)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def _unpack(name: str, packed: Tensor, parts: int, layout: str) -> tuple[Tensor, ...]:

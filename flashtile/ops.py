@@ -58,18 +58,22 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
                       bottom_right: bool, out: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
                       cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
                       max_seqlen_k: Optional[int] = None, config: object = None, softcap: float = 0.0,
-                      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                      alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Forward attention into ``out`` (any strided tensor shaped like q, or a new one). Returns (out, lse),
     lse float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
-    config (the tile sweep uses it). ``softcap``, ``alibi_slopes``: flash-attn's (the portable kernel)."""
+    config (the tile sweep uses it). ``softcap``, ``alibi_slopes``: flash-attn's (the portable kernel). ``sinks``
+    (float32 (nheads,), contiguous): a learned logit per head that joins each row's softmax denominator only (gpt-oss's
+    attention sinks); the LSE counts it."""
     packed = cu_seqlens_q is not None
     lse = _new_lse(q, packed)
     out = _new_out(q, False) if out is None else out
     seqlen_k = max_seqlen_k if packed else k.shape[1]
     if out.numel() == 0:
         return out, lse
-    if seqlen_k == 0:
-        return out.zero_(), lse.fill_(float("-inf"))
+    if seqlen_k == 0:  # only the sink, if any: O = 0, LSE = the sink
+        if sinks is None:
+            return out.zero_(), lse.fill_(float("-inf"))
+        return out.zero_(), lse.copy_(sinks[:, None] if packed else sinks[:, None].expand(lse.shape))
     if packed:  # offsets no kernel can read out of bounds with, whatever their values
         cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     if config is None:
@@ -80,10 +84,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     if plan.kernel == "hopper/fwd.py":
         dispatch.hopper("fwd_launch").launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                         softmax_scale, dispatch.is_causal(window_size), bottom_right,
-                                                        plan.config)
+                                                        plan.config, sinks)
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-                          bottom_right, plan.config, softcap, alibi_slopes)
+                          bottom_right, plan.config, softcap, alibi_slopes, sinks)
     if packed:  # rows past the last sequence
         launch_zero_unused_rows(out, cu_seqlens_q, lse)
     return out, lse
@@ -92,14 +96,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
 def _portable_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: Optional[int], softmax_scale: float,
                       window_size: tuple[int, int], bottom_right: bool, config: object, softcap: float,
-                      alibi_slopes: Optional[Tensor]) -> None:
+                      alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> None:
     """kernels/portable/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not."""
     packed = cu_seqlens_q is not None
     q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
     if packed:
         _ensure_allocator(q.device)
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
-               config, softcap, _unit_last_stride(alibi_slopes))
+               config, softcap, _unit_last_stride(alibi_slopes), sinks)
     if o is not out:
         out.copy_(o)
 
@@ -171,12 +175,13 @@ def _writable_like(g: Optional[Tensor], t: Tensor) -> bool:
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
               cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
               window_left: int, window_right: int, bottom_right: bool, heads_first_out: bool,
-              deterministic: bool, softcap: float = 0.0,
-              alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+              deterministic: bool, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+              sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward as one op. ``deterministic`` only travels to the backward."""
     out = _new_out(q, heads_first_out)
     return attention_forward(q, k, v, softmax_scale, (window_left, window_right), bottom_right, out, cu_seqlens_q,
-                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes)
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap=softcap, alibi_slopes=alibi_slopes,
+                             sinks=sinks)
 
 
 fwd = torch.library.custom_op("flashtile::fwd", mutates_args=())(_fwd_impl)
@@ -186,7 +191,7 @@ fwd = torch.library.custom_op("flashtile::fwd", mutates_args=())(_fwd_impl)
 def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
               bottom_right: bool, heads_first_out: bool, deterministic: bool, softcap: float = 0.0,
-              alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+              alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _new_out(q, heads_first_out), _new_lse(q, cu_seqlens_q is not None)
 
 
@@ -195,10 +200,11 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
         bottom_right: bool, deterministic: bool, softcap: float = 0.0,
         alibi_slopes: Optional[torch.Tensor] = None,
-        dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and delta (rowsum(dO ∘ O) − dlse, which the sinks' gradient takes)."""
     return attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
                               deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse)
+                              softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse, return_delta=True)
 
 
 bwd = torch.library.custom_op("flashtile::bwd", mutates_args=())(_bwd_impl)
@@ -206,28 +212,38 @@ bwd = torch.library.custom_op("flashtile::bwd", mutates_args=())(_bwd_impl)
 
 @bwd.register_fake
 def _bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-              *args: object) -> tuple[Tensor, Tensor, Tensor]:
+              *args: object) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return (torch.empty(q.shape, device=q.device, dtype=q.dtype), torch.empty(k.shape, device=k.device, dtype=k.dtype),
-            torch.empty(v.shape, device=v.device, dtype=v.dtype))
+            torch.empty(v.shape, device=v.device, dtype=v.dtype), torch.empty_like(lse))
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.params = inputs[5:11] + inputs[12:]  # max_seqlen_q … bottom_right, deterministic, softcap, alibi_slopes
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, inputs[15])  # inputs[15]: the sinks
+    ctx.params = inputs[5:11] + inputs[12:15]  # max_seqlen_q … bottom_right, deterministic, softcap, alibi_slopes
     ctx.set_materialize_grads(False)
 
 
 def _saved_grads(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor],
                  backward: Callable) -> tuple:
-    """dq, dk, dv (None for the other inputs) by ``backward`` (the ``bwd`` op, or its function) from what
-    _setup_context saved; dout is None where only the LSE took a gradient."""
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    """dq, dk, dv, the sinks' gradient (None for the other inputs) by ``backward`` (the ``bwd`` op, or its function)
+    from what _setup_context saved; dout is None where only the LSE took a gradient."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse)
-    return (dq, dk, dv) + (None, ) * 12
+    dq, dk, dv, delta = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse)
+    dsinks = sink_grad(sinks, lse, delta) if sinks is not None and ctx.needs_input_grad[15] else None
+    return (dq, dk, dv) + (None, ) * 12 + (dsinks, )
+
+
+def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
+    """The sinks' gradient: a sink's share of row i is p_i = exp(sink − lse_i), and d loss / d sink = −Σ_i p_i · delta_i
+    over the head's rows (delta = rowsum(dO ∘ O) − dlse, shaped like lse: (batch, nheads, rows) or packed (nheads,
+    rows)). Rows of no sequence (lse = −inf) take no part."""
+    packed = lse.dim() == 2
+    share = torch.exp_(sinks.view((-1, 1) if packed else (1, -1, 1)) - lse).masked_fill_(lse == float("-inf"), 0.0)
+    return share.mul_(delta).sum(dim=(1, ) if packed else (0, 2)).neg_()
 
 
 def _backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
@@ -251,19 +267,6 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
         return _saved_grads(ctx, dout, dlse, _bwd_impl)
-
-
-def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor, heads_dim: int) -> tuple[Tensor, Tensor]:
-    """(out, lse) of attention with one learned sink logit per head (gpt-oss's ``s_aux``, FA4's ``learnable_sink``)
-    from attention without: the sink joins each row's softmax denominator only, so out becomes
-    out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse − sink) and lse logaddexp(lse, sink).
-    Differentiable in out, the LSE and the sinks. ``heads_dim``: where lse keeps its heads (0: (heads, rows),
-    1: (batch, heads, rows)); out keeps them second to last."""
-    shape = [1] * lse.dim()
-    shape[heads_dim] = -1
-    sinks = sinks.float().reshape(shape)
-    factor = torch.sigmoid(lse - sinks).movedim(heads_dim, -1)  # [..., rows, heads]
-    return (out.float() * factor[..., None]).to(out.dtype), torch.logaddexp(lse, sinks)
 
 
 def pad_head_dim(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -295,21 +298,26 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, windo
                     bottom_right: bool, deterministic: bool = False, heads_first_out: bool = False,
                     cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
                     max_seqlen_q: int = 0, max_seqlen_k: int = 0, softcap: float = 0.0,
-                    alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                    alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """The differentiable attention every entry point calls: (out, lse). torch.compile traces the ``fwd`` op; eager
     calls run the same kernels without its dispatch (_Attention where something needs a gradient). A head dim
-    that is not a multiple of 8 is padded (pad_head_dim) and O's extra columns sliced off."""
+    that is not a multiple of 8 is padded (pad_head_dim) and O's extra columns sliced off. ``sinks`` (nheads,): a
+    learned logit per head that joins each row's denominator (attention_forward); it takes a gradient (sink_grad)."""
     head_dim = q.shape[-1]
     if head_dim % 8:
         q, k, v = pad_head_dim(q, k, v)
         out, lse = flash_attention(q, k, v, softmax_scale, window_size, bottom_right, deterministic, heads_first_out,
-                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap, alibi_slopes)
+                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap, alibi_slopes,
+                                   sinks)
         return out[..., :head_dim], lse
+    if sinks is not None:  # the kernels read float32 (the cast passes the gradient back in the sinks' dtype)
+        sinks = sinks.float().contiguous()
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size[0],
-            window_size[1], bottom_right, heads_first_out, deterministic, softcap, alibi_slopes)
+            window_size[1], bottom_right, heads_first_out, deterministic, softcap, alibi_slopes, sinks)
     if torch.compiler.is_compiling():
         return fwd(*args)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (sinks is not None and sinks.requires_grad)):
         return _Attention.apply(*args)
     return _fwd_impl(*args)
 

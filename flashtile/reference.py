@@ -37,14 +37,17 @@ def scores(q, k, softmax_scale):
     return torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
 
 
-def softmax_rows(s, allowed):
-    """Stage 2: P = softmax(S) over keys where ``allowed``; a row with no allowed key gives P = 0.
+def softmax_rows(s, allowed, sinks=None):
+    """Stage 2: P = softmax(S) over keys where ``allowed``; a row with no allowed key gives P = 0. ``sinks``
+    (nheads,): one more logit per head in each row's softmax, with no value (an attention sink).
 
-    Returns P and the row log-sum-exp (−inf for an empty row)."""
+    Returns P (the keys' columns) and the row log-sum-exp (−inf for an empty row without a sink)."""
     s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(s.dtype)[:, None, None].expand(*s.shape[:-1], 1)], -1)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
-    return p, lse
+    return (p if sinks is None else p[..., :-1]), lse
 
 
 def weighted_values(p, v, nheads):
@@ -55,18 +58,20 @@ def weighted_values(p, v, nheads):
 
 
 def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), bottom_right=True,
-              upcast=True, softcap=0.0, alibi_slopes=None):
+              upcast=True, softcap=0.0, alibi_slopes=None, sinks=None):
     """Naive attention on (batch, seqlen, nheads, headdim). Returns (out, lse[batch, nheads, seqlen_q]).
 
     ``upcast=True`` computes in float64 (the oracle) and returns a float64 out; ``upcast=False``
     computes in the inputs' own dtype, as a plain PyTorch user would. ``softcap`` > 0 replaces each
     score s by softcap · tanh(s / softcap) (flash-attn's softcap); ``alibi_slopes`` (nheads,) or (batch,
-    nheads) then adds −slope · |i + diag − j| (diag: seqlen_k − seqlen_q bottom-right, else 0).
+    nheads) then adds −slope · |i + diag − j| (diag: seqlen_k − seqlen_q bottom-right, else 0). ``sinks``
+    (nheads,): a logit per head that joins every row's softmax with no value (softmax_rows).
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
+        sinks = None if sinks is None else sinks.double()
     s = scores(q, k, softmax_scale)
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -77,18 +82,18 @@ def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), b
         slopes = alibi_slopes.to(s.dtype).expand(q.shape[0], q.shape[2])  # [batch, nheads]
         s = s - slopes[:, :, None, None] * distance
     allowed = allowed_keys(q.shape[1], k.shape[1], causal, window_size, bottom_right, q.device)
-    p, lse = softmax_rows(s, allowed)
+    p, lse = softmax_rows(s, allowed, sinks)
     return weighted_values(p, v, q.shape[2]), lse.float()
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
-                     window_size=(-1, -1), upcast=True):
+                     window_size=(-1, -1), upcast=True, sinks=None):
     """Naive attention on packed (total, nheads, headdim) sequences. Returns (out, lse[nheads, total_q])."""
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         o, lse = attention(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
-                           softmax_scale, causal, window_size, True, upcast)
+                           softmax_scale, causal, window_size, True, upcast, sinks=sinks)
         outs.append(o[0])
         lses.append(lse[0])
     return torch.cat(outs, 0), torch.cat(lses, 1)

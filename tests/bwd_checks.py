@@ -2,7 +2,7 @@
 against float64 autograd through the reference within 2x of PyTorch's own error, gradients into given tensors, the
 LSE's gradient, a CUDA graph's replay."""
 import torch
-from helpers import DEVICE, poisoned_outputs, randn, slack, torch_attention
+from helpers import DEVICE, assert_attention_close, poisoned_outputs, randn, slack, torch_attention
 
 import flashtile
 from flashtile import ops, reference
@@ -118,3 +118,53 @@ def assert_graph_replays_like_eager(step, inputs):
     torch.cuda.synchronize()
     for got, want in zip(captured, step()):
         assert torch.equal(got, want)
+
+
+def check_sinks(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal=False, scale=1.0,
+                sink_scale=2.0, dlse=False, deterministic=False, backward=True):
+    """learnable_sink (float32, one logit per query head): O and LSE against the float64 reference with each head's
+    sink in every row's softmax (poisoned outputs), within 2x of PyTorch's own error (the reference in the inputs'
+    dtype, as an eager model computes sinks); then, with ``backward``, dq, dk, dv and the sinks' gradient of
+    sum(out ∘ dout) (+ sum(lse · dlse) with ``dlse``) likewise. ``scale`` multiplies q (large logits),
+    ``sink_scale`` the sinks' normal draws (a sink far above the scores takes the rows over)."""
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype, scale=scale)
+    k, v = (randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype) for _ in range(2))
+    sinks = randn(nheads, dtype=torch.float32, scale=sink_scale)
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
+                                                return_attn_probs=True, learnable_sink=sinks)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, sinks=sinks)
+    base, _ = reference.attention(q, k, v, causal=causal, sinks=sinks, upcast=False)
+    assert_attention_close(out, ref, base.nan_to_num(0.0), lse, ref_lse)
+    if not backward:
+        return
+    dout = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    lse_weight = randn(batch, nheads, seqlen_q, dtype=torch.float32) if dlse else None
+
+    def loss_of(fn):
+        def loss(q, k, v, sinks):
+            out, lse = fn(q, k, v, sinks)
+            total = (out.float() * dout.float()).sum()
+            return total if lse_weight is None else total + (lse.float() * lse_weight).sum()
+        return loss
+
+    def ours(q, k, v, sinks):
+        return flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic, return_attn_probs=True,
+                                         learnable_sink=sinks)[:2]
+    inputs = (q, k, v, sinks)
+    got = grads_of_loss(loss_of(ours), inputs)
+    want = grads_of_loss(loss_of(lambda q, k, v, s: reference.attention(q, k, v, causal=causal, sinks=s)), inputs,
+                         True)
+    base = grads_of_loss(loss_of(lambda q, k, v, s: reference.attention(q, k, v, causal=causal, sinks=s,
+                                                                        upcast=False)), inputs)
+    assert_close_as_pytorch(("dq", "dk", "dv", "dsinks"), got, want, base, inputs)
+
+
+def assert_close_as_pytorch(names, got, want, base, inputs):
+    """Each gradient in ``got`` has its input's dtype, no NaN, and an error against the float64 ``want`` within 2x of
+    PyTorch's own (``base``) plus a small atol."""
+    for name, g, r, b, x in zip(names, got, want, base, inputs):
+        assert g.dtype == x.dtype and not g.isnan().any(), name
+        err, base_err = (g.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
+        bound = 2 * base_err + slack(r, x.dtype, scaled=True)
+        assert err <= bound, f"{name}: max error {err:.3g} > 2 x PyTorch's {base_err:.3g} + atol"

@@ -94,7 +94,7 @@ def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, causal, monkeypatch):
     from flashtile import ops
     calls = []
     fwd_launch, bwd = dispatch.hopper("fwd_launch"), dispatch.hopper("bwd")
-    monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", lambda *args: calls.append(("forward", args[-1])))
+    monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", lambda *args: calls.append(("forward", args[11])))
 
     def backward(*args, **kwargs):
         calls.append(("backward", args[-1]))

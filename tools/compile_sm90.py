@@ -23,6 +23,7 @@ from flashtile.kernels.portable.fwd import flash_fwd_kernel
 FLOATS = {"qk_scale", "softmax_scale", "softcap_scale", "alibi_unit"}
 I32 = "i32"
 BUNDLES = {  # the portable kernels' tuple arguments: their elements' types
+    "flash_fwd_kernel": dict(qkvo_strides=(I32, ) * 8),
     "flash_bwd_kernel": dict(qkv_strides=(I32, ) * 8, grad_strides=(I32, ) * 6, lse_strides=(I32, ) * 2,
                              dq_acc_strides=(I32, ) * 3, sizes=(I32, ) * 6, scales=("fp32", ) * 4 + (I32, ),
                              band=(I32, ) * 2),
@@ -47,7 +48,7 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
             kind = "fp32" if name == "dQacc" else dtype
             box = f"{heads}, {tensors[name]}" if heads > 1 else f"{tensors[name]}, 1"
             sig[name] = f"*{kind}" if varlen else f"tensordesc<{kind}[1, {box}, {pad}]>"
-        elif name in ("LSE", "Delta", "dQacc", "Part", "Alibi"):
+        elif name in ("LSE", "Delta", "dQacc", "Part", "Alibi", "Sinks"):
             sig[name] = "*fp32"
         elif name in ("Q", "K", "V", "Out"):  # decode's pointers (its K, V descriptors are listed in tensors)
             sig[name] = f"*{dtype}"
@@ -81,7 +82,8 @@ def consts_for(head_dim, cfg, varlen, causal, **extra):
 def compile_fwd(pad, causal, cfg, varlen):
     """The portable forward with a shipped tile config."""
     tensors = dict(Q=cfg.block_m, K=cfg.block_n, V=cfg.block_n, O=cfg.block_m)
-    return compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal), cfg, varlen)
+    return compile_kernel(flash_fwd_kernel, tensors, consts_for(pad, cfg, varlen, causal, HAS_SINK=False), cfg,
+                          varlen)
 
 
 def compile_bwd(pad, causal, cfg, varlen, atomic):

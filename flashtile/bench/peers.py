@@ -8,24 +8,28 @@ import torch.nn.functional as F
 from .. import reference
 
 
-def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None):
+def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, sinks=False):
     """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND);
     ``bwd_backend`` is the backward the following .backward() runs (configs.BWD_BACKEND, left set), and
-    ``single_pass`` (None: as shipped) the sm90 backward's design (configs.HopperBwdConfig.single_pass, left set)."""
+    ``single_pass`` (None: as shipped) the sm90 backward's design (configs.HopperBwdConfig.single_pass, left set).
+    ``sinks``: with a learned sink logit per head (learnable_sink, float32, taking a gradient in the backward)."""
+    import torch
+
     from .. import configs, flash_attn_func
     shipped = dict(configs.BWD_HOPPER)
     table = shipped if single_pass is None else {key: replace(c, single_pass=single_pass)
                                                  for key, c in shipped.items()}
 
     def prepare(q, k, v):
-        return q.detach(), k.detach(), v.detach()
+        extra = (torch.randn(q.shape[2], device=q.device), ) if sinks else ()
+        return q.detach(), k.detach(), v.detach(), *extra
 
-    def run(q, k, v):
+    def run(q, k, v, learnable_sink=None):
         configs.BWD_BACKEND = bwd_backend
         configs.BWD_HOPPER = table
         saved, configs.FWD_BACKEND = configs.FWD_BACKEND, backend
         try:
-            return flash_attn_func(q, k, v, causal=causal)
+            return flash_attn_func(q, k, v, causal=causal, learnable_sink=learnable_sink)
         finally:
             configs.FWD_BACKEND = saved
     return prepare, run
@@ -88,6 +92,7 @@ FORWARD = {
     "flashtile (portable)": lambda causal: flashtile_fwd(causal, "portable", "portable"),
     "flashtile (bwd single pass)": lambda causal: flashtile_fwd(causal, "auto", "auto", True),
     "flashtile (bwd two kernels)": lambda causal: flashtile_fwd(causal, "auto", "auto", False),
+    "flashtile (sinks)": lambda causal: flashtile_fwd(causal, sinks=True),
     "FA4": fa4_fwd,
     "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
     "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),

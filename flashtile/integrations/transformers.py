@@ -12,13 +12,12 @@ padded, runs as packed sequences (``unpad`` → flash_attn_varlen_func → ``pad
 padding-free batches (the
 ``cu_seq_lens_*`` keyword arguments, or position_ids that restart within one row) run packed as they come; causal
 models align their mask bottom-right, so generate()'s cached keys need no mask. GQA, sliding windows and softcap
-pass through; attention sinks (gpt-oss's ``s_aux``) rescale each row by its LSE (``with_sinks``). The name has no
+pass through, and so do attention sinks (gpt-oss's ``s_aux``, as ``learnable_sink``). The name has no
 "flash" in it: transformers reads such names as kernels to fetch from its hub.
 """
 import torch
 
 from .. import api
-from ..ops import with_sinks
 from .flash_attn import pad_input as pad
 from .flash_attn import unpad_input
 
@@ -88,20 +87,14 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     if sliding_window is not None and k.shape[1] > sliding_window:  # transformers' flash convention
         window = (sliding_window - 1, sliding_window - 1)
     options = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
-                   softcap=softcap or 0.0, return_attn_probs=s_aux is not None)
-
-    def finish(result, heads_dim):  # out, after the sinks where there are any
-        if s_aux is None:
-            return result
-        out, lse, _ = result
-        return with_sinks(out, lse, s_aux, heads_dim)[0]
+                   softcap=softcap or 0.0, learnable_sink=s_aux)
 
     batch, seqlen_q = q.shape[:2]
     if attention_mask is not None:
         k_index, cu_k, max_k, q_index, cu_q, max_q = _padding(attention_mask, seqlen_q)
         k_rows, v_rows = (t.reshape(-1, *t.shape[2:])[k_index] for t in (k, v))
         q_rows = q.reshape(-1, *q.shape[2:])[q_index]
-        out = finish(api.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options), 0)
+        out = api.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options)
         return pad(out, q_index, batch, seqlen_q), None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = None
@@ -114,6 +107,6 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     if packed is not None:
         cu_q, cu_k, max_q, max_k = packed
         flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
-        out = finish(api.flash_attn_varlen_func(*flat, cu_q, cu_k, max_q, max_k, **options), 0)
+        out = api.flash_attn_varlen_func(*flat, cu_q, cu_k, max_q, max_k, **options)
         return out.reshape(batch, seqlen_q, *out.shape[1:]), None
-    return finish(api.flash_attn_func(q, k, v, **options), 1), None
+    return api.flash_attn_func(q, k, v, **options), None

@@ -30,6 +30,18 @@ def online_softmax_step(m_i, l_i, qk, qk_scale, MAY_BE_EMPTY: tl.constexpr, AXIS
 
 
 @triton.jit
+def fold_sink(m_i, l_i, sink):
+    """A row's statistics with one more logit ``sink`` (a learned attention sink, in the same log2 units as ``m_i``)
+    that joins the denominator but carries no value: returns ``alpha`` (the factor O's accumulator takes), ``m_new``
+    and ``l_new``. A row with nothing to attend to (m_i = −inf, l_i = 0) gets l = 1 and O = 0; a sink of −inf leaves
+    the row as it was."""
+    m_new = tl.maximum(m_i, sink)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_ref)
+    return alpha, m_new, l_i * alpha + tl.math.exp2(sink - m_ref)
+
+
+@triton.jit
 def tanh(x):
     """tanh from one exp2: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
     return 1.0 - 2.0 / (tl.math.exp2(x * TWO_LOG2E) + 1.0)

@@ -11,17 +11,18 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ..common.online_softmax import LN2, online_softmax_step
+from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step
 from .fwd_schedule import REDO_QUEUE, WG_M, counter_op, tile_at
 
 
 @gluon.jit
 def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, k_col, first, sq, sk, diag,
-               o_offset, lse_offset, stride_on, qk_scale, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
-               MAY_BE_EMPTY: gl.constexpr):
+               o_offset, lse_offset, stride_on, qk_scale, sink, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
+               MAY_BE_EMPTY: gl.constexpr, HAS_SINK: gl.constexpr):
     """O and LSE of query rows first .. first + 63 of one head: Q's at rows q_row + first .. of the Q view
     (q_width elements a row) from column q_col, the keys' at rows k_row .. of the K and V views from column
-    k_col; O at o_offset + row · stride_on, LSE at lse_offset + row."""
+    k_col; O at o_offset + row · stride_on, LSE at lse_offset + row. HAS_SINK: ``sink`` (log2 units) joins the
+    denominator."""
     BLOCK_N: gl.constexpr = 16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -55,6 +56,9 @@ def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, 
                     mask=(keys < sk)[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
         acc = mma_v2(gl.convert_layout(p.to(dtype), a_op), gl.convert_layout(v, b_op), acc * alpha[:, None])
 
+    if HAS_SINK:
+        alpha, m_i, l_i = fold_sink(m_i, l_i, sink)
+        acc = acc * alpha[:, None]
     empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
     gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
@@ -84,11 +88,11 @@ def push_redo(counter, code):
 
 
 @gluon.jit
-def redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
+def redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
           q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
           seqlen_k, nheads, group,
           n_m, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr):
+          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, HAS_SINK: gl.constexpr):
     """FROZEN_MAX, once a program's partitions are done: counter[2] counts the programs, and the launch's last one
     (every queued code is in by then) computes the queued rows exactly (exact_rows), then sets the counts back to 0
     for the stream's next launch."""
@@ -103,8 +107,11 @@ def redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, c
                 k_rows_h, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
             o_offset, lse_offset = out_offsets(b, h, q_row, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
                                                 IS_VARLEN)
+            sink = 0.0
+            if HAS_SINK:
+                sink = gl.load(Sinks + h) * LOG2E
             exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h, k_row,
                        (h // group) * k_col_h, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset, lse_offset,
-                       stride_on, qk_scale, HEAD_DIM, CAUSAL, MAY_BE_EMPTY)
+                       stride_on, qk_scale, sink, HEAD_DIM, CAUSAL, MAY_BE_EMPTY, HAS_SINK)
         counter_op(counter, 1, 0, XCHG=True)  # the counts back to 0 for the stream's next launch
         counter_op(counter, 2, 0, XCHG=True)

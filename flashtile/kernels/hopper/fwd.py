@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..common.online_softmax import LN2, online_softmax_step
+from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step
 from .common import as_tensor, register_operand_layout, row_run_layout, views, wgmma_layout
 from .exact_rows import out_offsets, push_redo, redo
 from .fwd_bundles import Outputs, Problem, Ring, Switches
@@ -332,7 +332,6 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
         o_offset, lse_offset = out_offsets(b, h, q_row, outs.stride_ob, outs.stride_on, outs.stride_oh, outs.stride_lb,
                                             outs.stride_lh, sw.IS_VARLEN)
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
-        empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         held = True
         lse_kept = offs_m < sq
         if sw.FROZEN_MAX:  # the reference held unless a row sum or O is not finite (l < 2^18 after _rebase)
@@ -343,6 +342,10 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             bad = gl.max(gl.where(ok | (offs_m >= sq), 0, 1), axis=0)
             held = bad == 0
             lse_kept = lse_kept & held
+        if sw.HAS_SINK:  # the head's sink logit joins the denominator
+            alpha, m_i, l_i = fold_sink(m_i, l_i, gl.load(outs.Sinks + h) * LOG2E)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
         gl.store(outs.LSE + lse_offset + offs_m, lse, mask=lse_kept)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
@@ -417,17 +420,19 @@ def _consumer(wg: gl.constexpr, sw, ring, pb, outs, o_desc, counter, cu_seqlens_
 
 
 @gluon.jit
-def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width,
+def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width,
                             cu_seqlens_q, cu_seqlens_k, counter, tail_heads, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                             k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
                             stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale,
-                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                             SWITCHES: gl.constexpr, REGS: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see work_item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
     ``counter``, see lpt_item) (with a persistent grid the loader fetches
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
-    (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h. SWITCHES: a FwdSwitches."""
+    (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h. A K/V tile holds k_desc's rows. SWITCHES: a
+    FwdSwitches (with HAS_SINK, Sinks holds each head's sink logit; else it is LSE, unread)."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
@@ -465,8 +470,8 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                 turn)
     pb = Problem(views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k), as_tensor(nheads),
                  as_tensor(group), as_tensor(n_m), as_tensor(n_bh))
-    outs = Outputs(O, LSE, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh), as_tensor(stride_lb),
-              as_tensor(stride_lh), qk_scale)
+    outs = Outputs(O, LSE, Sinks, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh),
+                   as_tensor(stride_lb), as_tensor(stride_lh), qk_scale)
     # a batch-mode cu_seqlens (None) cannot sit in an aggregate: each partition takes the two beside it
     if NUM_WG == 3:  # a third consumer warpgroup: 192 Q rows share each K/V tile (D=64's registers allow it)
         gl.warp_specialize([
@@ -484,7 +489,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Qp, Kp, Vp, 
                                cu_seqlens_k)),
         ], [4, 1], [REGS, 24])
     if sw.FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
-        redo(counter, O, LSE, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
-              q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
-              seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT,
-              sw.IS_VARLEN, sw.MAY_BE_EMPTY)
+        redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b,
+              q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
+              seqlen_q, seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT,
+              sw.IS_VARLEN, sw.MAY_BE_EMPTY, sw.HAS_SINK)

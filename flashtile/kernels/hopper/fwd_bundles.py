@@ -26,6 +26,7 @@ class FwdSwitches(NamedTuple):
     Q_REGS: bool
     SCHEDULE: int
     FROZEN_MAX: bool
+    HAS_SINK: bool
 
 
 @aggregate
@@ -48,6 +49,7 @@ class Switches:
     Q_REGS: gl.constexpr
     SCHEDULE: gl.constexpr
     FROZEN_MAX: gl.constexpr
+    HAS_SINK: gl.constexpr  # a learned sink logit per head (Outputs.Sinks)
 
     @triton.constexpr_function
     def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
@@ -118,9 +120,11 @@ class Problem:
 
 @aggregate
 class Outputs:
-    """What the consumers write and scale by: O and LSE with their strides, softmax_scale · log2(e)."""
+    """What the consumers write and scale by: O and LSE with their strides, softmax_scale · log2(e), and the heads'
+    sink logits (Switches.HAS_SINK; else LSE stands in, unread)."""
     O: gl.tensor
     LSE: gl.tensor
+    Sinks: gl.tensor
     stride_ob: gl.tensor
     stride_on: gl.tensor
     stride_oh: gl.tensor
@@ -129,7 +133,7 @@ class Outputs:
     qk_scale: gl.tensor
 
     @triton.constexpr_function
-    def __init__(self, O, LSE, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale):
-        self.O, self.LSE, self.qk_scale = O, LSE, qk_scale
+    def __init__(self, O, LSE, Sinks, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, qk_scale):
+        self.O, self.LSE, self.Sinks, self.qk_scale = O, LSE, Sinks, qk_scale
         self.stride_ob, self.stride_on, self.stride_oh = stride_ob, stride_on, stride_oh
         self.stride_lb, self.stride_lh = stride_lb, stride_lh

@@ -25,21 +25,21 @@ _REPLAYS = Replays()
 
 
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      bottom_right, config):
-    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig. The first
-    call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors
-    of this call's tensors."""
+                      bottom_right, config, sinks=None):
+    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig; ``sinks`` (float32
+    (nheads,) or None) a learned sink logit per head. The first call of a launch key goes through Triton; later ones
+    replay it (kernels/common/replay.py) with descriptors of this call's tensors."""
     size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
     counter = stream_counter(q.device, size) if size else None
-    key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, counter), max_seqlen_q, softmax_scale, causal,
-                     bottom_right, config, None if counter is None else counter.data_ptr())  # the counter is pinned
+    key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, counter, sinks), max_seqlen_q, softmax_scale,
+                     causal, bottom_right, config, None if counter is None else counter.data_ptr())  # counter pinned
     replay = _REPLAYS.get(key)
     if replay is None:
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                         causal, bottom_right, config, counter)
+                                         causal, bottom_right, config, counter, sinks)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
-                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Qp", "Kp", "Vp", "cu_seqlens_q",
-                         "cu_seqlens_k"])
+                        ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Sinks", "Qp", "Kp", "Vp",
+                         "cu_seqlens_q", "cu_seqlens_k"])
         if replay.compiled is not None:
             replay.descriptors = [detach_descriptor(d) for d in args[:4]]
             replay.stage_o = kwargs["SWITCHES"].STAGE_O
@@ -47,7 +47,7 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     else:
         tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
         descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, tensors))
-        replay.run(q.device, *descs, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k)
+        replay.run(q.device, *descs, out, lse, lse if sinks is None else sinks, q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
 def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object) -> FwdSwitches:
@@ -59,10 +59,10 @@ def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, co
 
 
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
-                config, counter=None):
+                config, counter=None, sinks=None):
     """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
     ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
-    failed rows in (None: not needed, or a new one)."""
+    failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, q_rows_b, q_rows_h, q_col_h = view_layout(q, varlen)
@@ -97,15 +97,16 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     if (schedule == 3 or frozen) and counter is None:
         counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q), dtype=torch.int32,
                               device=q.device)
-    args = (*descs, out, lse, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0), cu_seqlens_q, cu_seqlens_k,
-            counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
+    args = (*descs, out, lse, lse if sinks is None else sinks, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0),
+            cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
             q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
             nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
     switches = FwdSwitches(
         CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
         OVERLAP_PV=config.overlap_pv,
         STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
-        STAGE_O=stage_o, EARLY_P=config.early_p, Q_REGS=config.q_regs, SCHEDULE=schedule, FROZEN_MAX=frozen)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages,
+        STAGE_O=stage_o, EARLY_P=config.early_p, Q_REGS=config.q_regs, SCHEDULE=schedule, FROZEN_MAX=frozen,
+        HAS_SINK=sinks is not None)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.num_stages,
                   SWITCHES=switches, REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs

@@ -12,7 +12,15 @@ import functools
 import triton
 import triton.language as tl
 
-from ..common.online_softmax import LN2, alibi_slope, modified_scores, online_softmax_step, score_scales
+from ..common.online_softmax import (
+    LN2,
+    LOG2E,
+    alibi_slope,
+    fold_sink,
+    modified_scores,
+    online_softmax_step,
+    score_scales,
+)
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import (
     band_mask,
@@ -52,17 +60,20 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, b, h_k, lo, hi, offs_m, diag
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k, Alibi,
-    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
+    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k, Alibi, Sinks, qkvo_strides,
     stride_lb, stride_lh, stride_alibi_b,
     seqlen_q, seqlen_k, nheads, group, qk_scale, softcap_scale, alibi_unit, left, right,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
-    MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Q, K, V, O: 4-D (batch, seqlen, nheads, headdim) tensor descriptors, or, with IS_VARLEN, pointers
-    to packed (total, nheads, headdim) tensors whose sequences cu_seqlens delimit. SOFTCAP, HAS_ALIBI:
-    flash-attn's softcap and ALiBi (online_softmax.modified_scores; Alibi holds the slopes)."""
+    to packed (total, nheads, headdim) tensors whose sequences cu_seqlens delimit (``qkvo_strides``: their token and
+    head strides). SOFTCAP, HAS_ALIBI: flash-attn's softcap and ALiBi (online_softmax.modified_scores; Alibi holds
+    the slopes). HAS_SINK: each head's learned sink logit (Sinks, float32 (nheads,)) joins its rows' denominator
+    (online_softmax.fold_sink)."""
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh = qkvo_strides
     start_m, b, h, h_k, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(
         cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group, BLOCK_M, IS_VARLEN)
     if start_m < seqlen_q:
@@ -96,7 +107,10 @@ def flash_fwd_kernel(
                                       right, seqlen_k, qk_scale, softcap_scale, slope, True, MASK_LEFT, MASK_RIGHT,
                                       BLOCK_N, HEAD_DIM_PAD, IS_VARLEN, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
 
-        empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf
+        if HAS_SINK:
+            alpha, m_i, l_i = fold_sink(m_i, l_i, tl.load(Sinks + h) * LOG2E)
+            acc = acc * alpha[:, None]
+        empty = l_i == 0.0  # a row with nothing to attend to: O = 0, LSE = -inf (the sink's logit with a sink)
         acc = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
         store_tile(o_desc, b, start_m, h, acc.to(q.dtype), IS_VARLEN)
@@ -108,20 +122,21 @@ _REPLAYS = Replays()
 
 
 def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-               bottom_right, config, softcap=0.0, alibi_slopes=None):
+               bottom_right, config, softcap=0.0, alibi_slopes=None, sinks=None):
     """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
     seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). ``softcap`` > 0,
-    ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi. The
-    first call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py)."""
-    tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi; ``sinks``
+    (float32 (nheads,), contiguous): a learned sink logit per head. The first call of a launch key goes through
+    Triton; later ones replay it (kernels/common/replay.py)."""
+    tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
     key = launch_key(tensors, max_seqlen_q, softmax_scale, window_size, bottom_right, config, softcap)
     _REPLAYS.launch(key, q.device, tensors, functools.partial(
         _first_launch, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-        bottom_right, config, softcap, alibi_slopes))
+        bottom_right, config, softcap, alibi_slopes, sinks))
 
 
 def _first_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-                  bottom_right, config, softcap, alibi_slopes):
+                  bottom_right, config, softcap, alibi_slopes, sinks):
     """launch_fwd's launch through Triton, as a Replay (a descriptor's slot re-aimed at each call's tensor)."""
     is_varlen = cu_seqlens_q is not None
     nheads, head_dim = q.shape[-2], q.shape[-1]
@@ -136,16 +151,16 @@ def _first_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, s
         args = host_descriptors(((q, config.block_m), (k, config.block_n), (v, config.block_n),
                                  (out, config.block_m)), pad)
         lse_strides = (lse.stride(0), lse.stride(1))
-    strides = [s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2))]
+    strides = tuple(s for t in (q, k, v, out) for s in (t.stride(-3), t.stride(-2)))
     grid = (cdiv(seqlen_q, config.block_m), batch * nheads)
-    args = (*args, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *strides, *lse_strides,
+    args = (*args, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, strides, *lse_strides,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0, seqlen_q,
             seqlen_k, nheads, nheads // k.shape[-2], *score_scales(softmax_scale, softcap), max(left, 0),
             max(right, 0))
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                   IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
-                  SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                  SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINK=sinks is not None,
                   DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
                   num_stages=config.num_stages)
     return Replay(flash_fwd_kernel, grid, args, kwargs, ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k",
-                                                         "Alibi"])
+                                                         "Alibi", "Sinks"])

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from bwd_checks import assert_graph_replays_like_eager, check
+from bwd_checks import assert_graph_replays_like_eager, check, check_sinks
 from helpers import DTYPE_IDS, randn
 
 import flashtile
@@ -394,3 +394,14 @@ def test_lse_gradient(causal, deterministic, head_dim):
     k, v = (randn(1, 2048, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
     assert_lse_gradients_close(q, k, v, randn(1, 2048, 4, head_dim, dtype=torch.bfloat16),
                                torch.randn(1, 4, 2048, device="cuda"), causal, deterministic)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_sinks_gradients(head_dim, causal, bwd_path):
+    """learnable_sink through the sm90 forward and backward, each design: dq, dk, dv and the sinks' gradient against
+    float64 (with the LSE's gradient too, and the deterministic flag)."""
+    check_sinks(2, 1024, 1024, 8, 2, head_dim, torch.bfloat16, causal)
+    check_sinks(1, 700, 1500, 4, 4, head_dim, torch.float16, causal, dlse=True, deterministic=True)

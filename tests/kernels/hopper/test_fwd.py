@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from bwd_checks import check_sinks
 from helpers import (
     DTYPE_IDS,
     ROOT,
@@ -520,13 +521,13 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
         assert all(torch.equal(out, expected) for out in outs)
 
 
-def check_rising_scores(head_dim, causal, kind, seqlen=3000):
+def check_rising_scores(head_dim, causal, kind, seqlen=3000, sinks=None):
     """``kind`` "rising": scores that rise along the keys, by about 100 log2 units in the query heads of KV head 0 and
     40 in KV head 1's; their rows move their reference up as the sums grow (kernels/hopper/fwd.py, _rebase) and none
     falls back. "dominant": one key (the middle one) 140 log2 units above the rest in KV head 0's query heads (P
     stays finite, nothing falls back); "past": 220 above, where P overflows float32, so those rows fall back
     to kernels/hopper/exact_rows.py. The other rows are random. Poisoned
-    outputs show rows nobody stored."""
+    outputs show rows nobody stored. ``sinks``: learnable_sink (4,), against the reference with them."""
     q = randn(2, seqlen, 4, head_dim, dtype=torch.bfloat16)
     k, v = (randn(2, seqlen, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
     rises = {"rising": ((0, 100.0), (1, 40.0)), "dominant": ((0, 140.0), ), "past": ((0, 220.0), )}[kind]
@@ -542,9 +543,11 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000):
     for counter in fwd_schedule.COUNTERS.values():
         counter.zero_()
     with poisoned_outputs():
-        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    ref, ref_lse = reference.attention(q, k, v, causal=causal)
-    assert_attention_close(out, ref, torch_attention(q, k, v, causal), lse, ref_lse)
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, learnable_sink=sinks)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, sinks=sinks)
+    base = (torch_attention(q, k, v, causal) if sinks is None
+            else reference.attention(q, k, v, causal=causal, sinks=sinks, upcast=False)[0])
+    assert_attention_close(out, ref, base, lse, ref_lse)
     torch.cuda.synchronize()  # a launch that queued rows for exact_rows.redo set the counts back to 0
     counters = list(fwd_schedule.COUNTERS.values())
     fell_back = any(c[fwd_schedule.REDO_QUEUE:].any() for c in counters)
@@ -569,3 +572,21 @@ def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
         check_rising_scores(head_dim, causal, "rising")
         check_rising_scores(head_dim, causal, "dominant")
         check_rising_scores(head_dim, causal, "past")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_sinks(head_dim, causal, forward_backend):
+    """learnable_sink in the forward (Switches.HAS_SINK): O and LSE against float64, bf16 and fp16, GQA, Nq != Nk
+    with rows that see no key (O = 0, LSE = the sink), a sink far above the scores; then rows that fall back to
+    exact_rows (the "past" scores of check_rising_scores) with sinks."""
+    for dtype in LOW:
+        check_sinks(2, 2048, 2048, 8, 2, head_dim, dtype, causal, backward=False)
+    check_sinks(2, 2500, 1200, 4, 1, head_dim, torch.bfloat16, causal, backward=False)
+    check_sinks(1, 2048, 2048, 4, 4, head_dim, torch.bfloat16, causal, sink_scale=30.0, backward=False)
+    if torch.cuda.get_device_capability() == (9, 0) and forward_backend == "auto" and head_dim != 256:
+        assert dispatch.hopper_forward_config(*(randn(1, 2048, 4, head_dim, dtype=torch.bfloat16), ) * 3,
+                                              (-1, 0) if causal else (-1, -1)) is not None
+        check_rising_scores(head_dim, causal, "past", sinks=randn(4, dtype=torch.float32, scale=2.0))

@@ -5,17 +5,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bwd_checks import (
+    assert_close_as_pytorch,
     assert_grads_close,
     assert_graph_replays_like_eager,
     assert_lse_gradients_close,
     check,
     check_gradients_into_given_tensors,
+    check_sinks,
     gradients,
     grads_of_loss,
 )
 from helpers import (
     DEVICE,
     DTYPE_IDS,
+    assert_attention_close,
     guarded,
     poisoned_outputs,
     randn,
@@ -536,3 +539,46 @@ def test_a_repeated_backward_replays_its_launches(backend, head_dim, causal, det
         replayed.clear()
         check(2, 300, 300, 4, 2, head_dim, torch.bfloat16, causal, deterministic=deterministic)
     assert replayed or not replay.REPLAY_OK
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param((2, 17, 17, 4, 4, 64, torch.float32, False, {}), id="q17k17-d64-fp32-full"),
+    pytest.param((2, 63, 63, 4, 2, 40, torch.float16, True, {}), id="q63k63-d40-fp16-causal-gqa"),
+    pytest.param((1, 113, 203, 4, 1, 96, torch.float16, True, {"dlse": True}), id="q113k203-d96-fp16-causal-mqa-dlse"),
+    pytest.param((2, 40, 17, 2, 2, 64, torch.float32, True, {}), id="q40k17-causal-empty-rows"),
+    pytest.param((1, 33, 33, 2, 2, 64, torch.float16, False, {"scale": 8.0}), id="large-logits"),
+    pytest.param((1, 33, 33, 2, 2, 64, torch.float32, True, {"sink_scale": 30.0}), id="sink-dominates"),
+    pytest.param((1, 33, 33, 2, 2, 64, torch.float32, True, {"deterministic": True}), id="deterministic"),
+])
+def test_sinks(case):
+    """learnable_sink on the portable kernels: O, LSE and every gradient (the sinks' too) against float64."""
+    *shape, options = case
+    check_sinks(*shape, **options)
+
+
+def test_sinks_varlen():
+    """learnable_sink on packed sequences, one without keys (its rows: O = 0, LSE = the sink) and one without
+    queries: O, LSE, dq, dk, dv and the sinks' gradient against float64."""
+    q, k, v, cu_q, cu_k = varlen_inputs([17, 0, 40, 9], [30, 12, 40, 0], 4, 2, 64, torch.float16)
+    sinks = randn(4, dtype=torch.float32, scale=2.0)
+    dout = randn(*q.shape, dtype=q.dtype)
+
+    def ours(q, k, v, sinks):
+        return flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 40, causal=True, return_attn_probs=True,
+                                                learnable_sink=sinks)[:2]
+
+    def ref(upcast):
+        return lambda q, k, v, s: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True, upcast=upcast, sinks=s)
+    with poisoned_outputs():
+        out, lse = ours(q, k, v, sinks)
+    want, want_lse = ref(True)(q, k, v, sinks)
+    assert_attention_close(out, want, ref(False)(q, k, v, sinks)[0], lse, want_lse)
+    torch.testing.assert_close(lse[:, 57:], sinks[:, None].expand(4, 9))  # the sequence without keys: the sink
+    assert not out[57:].any()
+
+    def loss(fn):
+        return lambda *inputs: (fn(*inputs)[0].float() * dout.float()).sum()
+    inputs = (q, k, v, sinks)
+    assert_close_as_pytorch(("dq", "dk", "dv", "dsinks"), grads_of_loss(loss(ours), inputs),
+                            grads_of_loss(loss(ref(True)), inputs, True), grads_of_loss(loss(ref(False)), inputs),
+                            inputs)
