@@ -274,6 +274,8 @@ def test_opcheck():
     out, lse = (t.detach() for t in ops.fwd(q, k, v, None, None, 0, 0, 0.2, -1, 0, True, False, False))
     torch.library.opcheck(ops.bwd, (torch.randn_like(out), q.detach(), k, v, out, lse, None, None, 0, 0, 0.2, -1, 0,
                                     True, False))
+    sinks = torch.randn(2, device=q.device, requires_grad=True)  # the op's autograd with the sinks' gradient
+    torch.library.opcheck(ops.fwd, (q, k, v, None, None, 0, 0, 0.2, -1, 0, True, False, False, 0.0, None, sinks))
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
@@ -582,3 +584,22 @@ def test_sinks_varlen():
     assert_close_as_pytorch(("dq", "dk", "dv", "dsinks"), grads_of_loss(loss(ours), inputs),
                             grads_of_loss(loss(ref(True)), inputs, True), grads_of_loss(loss(ref(False)), inputs),
                             inputs)
+
+
+def test_sinks_through_the_custom_op():
+    """The ``fwd`` op (what torch.compile traces) gives the eager path's O, LSE and gradients, the sinks' included."""
+    q, k, v = (randn(1, 17, 2, 32, dtype=torch.float32) for _ in range(3))
+    sinks = randn(2, dtype=torch.float32)
+
+    def op(q, k, v, sinks):
+        return ops.fwd(q, k, v, None, None, 0, 0, 32 ** -0.5, -1, 0, True, False, False, 0.0, None, sinks)
+
+    def eager(q, k, v, sinks):
+        return flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, learnable_sink=sinks)[:2]
+    results = []
+    for fn in (op, eager):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+        out, lse = fn(*leaves)
+        results.append([out, lse, *torch.autograd.grad(out.sum() + lse.sum(), leaves)])
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), *results):
+        torch.testing.assert_close(a, b, msg=name)
