@@ -2,7 +2,7 @@
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
-#        [short-step] [host-parts] [short-design] [sinks]
+#        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -90,6 +90,14 @@ for step in "$@"; do
            timeout 120 python3 -m flashtile.bench --backward --peers flashtile "flashtile (sinks)" --memory-seqlens \
              --warm-gpu 5 --out "$out/sinks-bench" 2>&1 | grep "^|" | tee -a "$out/sinks.log"
            rm -f "$out"/sinks-bench/*.png ;;  # learnable_sink: its GPU tests, then its speed against none
+    flash-attn-tests)  # flash-attn 2.8.3's tests/test_flash_attn.py, unchanged, on flashtile (issue 39): first
+      # `git show v2.8.3:tests/test_flash_attn.py > .fa/test_flash_attn.py` from a flash-attention clone, the einops
+      # wheel in .whl/, and carry .fa and .whl. FA_TESTS_K narrows the cases (-k); dropout cases are left out.
+      pip install --no-deps -q .whl/einops-*.whl 2>&1 | tail -1
+      cp tools/flash_attn_conftest.py .fa/conftest.py
+      (cd .fa && timeout 540 python3 -m pytest -q -n 16 -p no:cacheprovider --tb=line test_flash_attn.py \
+         -k "not 0.17 and (${FA_TESTS_K:-test_flash_attn_qkvpacked})" 2>&1 \
+         | grep -E "passed|failed|FAILED|Error" | tail -60 | tee "$out/flash-attn-tests.log") ;;
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;

@@ -7,8 +7,9 @@
 
 or ``with shim.installed(): ...``. The modules put in place: ``flash_attn`` (the seven entry points),
 ``flash_attn.flash_attn_interface`` (the same, and the ``_flash_attn_forward`` / ``_flash_attn_backward`` that
-ring-attention libraries call, with flash-attn 2.6's signatures) and ``flash_attn.bert_padding`` (``unpad_input``,
-``pad_input``). Dropout is not supported (``dropout_p`` > 0 raises NotImplementedError, as everywhere in flashtile).
+ring-attention libraries call, with flash-attn 2.6's signatures), ``flash_attn.bert_padding`` (``unpad_input``,
+``pad_input``) and ``flash_attn.layers.rotary`` (``apply_rotary_emb``, forward only). Dropout is not supported
+(``dropout_p`` > 0 raises NotImplementedError, as everywhere in flashtile).
 For transformers, use flashtile.integrations.transformers instead: transformers looks for the installed package.
 """
 import contextlib
@@ -19,7 +20,8 @@ import torch
 
 from .. import api, checks, ops
 
-_NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding")
+_NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding", "flash_attn.layers",
+          "flash_attn.layers.rotary")
 _saved = None
 
 
@@ -72,6 +74,28 @@ def pad_input(hidden_states, indices, batch, seqlen):
     return out.reshape(batch, seqlen, *hidden_states.shape[1:])
 
 
+def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
+                     max_seqlen=None):
+    """flash_attn.layers.rotary.apply_rotary_emb on x (batch, seqlen, nheads, headdim): the first 2 · cos.shape[1]
+    features of token t of sequence b turned by the angles of cos, sin (seqlen_ro, rotary_dim / 2) at position
+    seqlen_offsets + t (an int, or a (batch,) tensor of each sequence's offset), the rest kept (ops.rotary, one
+    launch). No gradient flows through it, and packed sequences (cu_seqlens) are not supported: both raise."""
+    if cu_seqlens is not None:
+        raise NotImplementedError("apply_rotary_emb on packed sequences (cu_seqlens) is not supported by flashtile")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise NotImplementedError("flashtile's apply_rotary_emb has no backward; call it under torch.no_grad()")
+    offsets = (seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor)
+               else torch.full((x.shape[0], ), seqlen_offsets, device=x.device))
+    out = ops.rotary(x, cos, sin, offsets.to(torch.int32), True, interleaved)
+    return x.copy_(out) if inplace else out
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """flash-attn's key-block size, which its tests use to decode the dropout mask a call returned: flashtile returns
+    no mask (it has no dropout), so there is nothing to decode."""
+    raise NotImplementedError("flashtile has no dropout and returns no dropout mask to decode")
+
+
 def _module(name, **attrs):
     module = types.ModuleType(name)
     module.__dict__.update(attrs, __doc__=f"flashtile standing in for {name} (flashtile.integrations.flash_attn)")
@@ -90,13 +114,14 @@ def install():
                  flash_attn_varlen_kvpacked_func=api.flash_attn_varlen_kvpacked_func,
                  flash_attn_with_kvcache=api.flash_attn_with_kvcache)
     interface = _module("flash_attn.flash_attn_interface", _flash_attn_forward=_flash_attn_forward,
-                        _flash_attn_backward=_flash_attn_backward, **entry)
+                        _flash_attn_backward=_flash_attn_backward, _get_block_size_n=_get_block_size_n, **entry)
     padding = _module("flash_attn.bert_padding", unpad_input=unpad_input, pad_input=pad_input)
-    package = _module("flash_attn", flash_attn_interface=interface, bert_padding=padding, __version__="2.6.3",
-                      __path__=[], **entry)
+    rotary = _module("flash_attn.layers.rotary", apply_rotary_emb=apply_rotary_emb)
+    layers = _module("flash_attn.layers", rotary=rotary, __path__=[])
+    package = _module("flash_attn", flash_attn_interface=interface, bert_padding=padding, layers=layers,
+                      __version__="2.6.3", __path__=[], **entry)
     _saved = {name: sys.modules.get(name) for name in _NAMES}
-    sys.modules.update({"flash_attn": package, "flash_attn.flash_attn_interface": interface,
-                        "flash_attn.bert_padding": padding})
+    sys.modules.update(zip(_NAMES, (package, interface, padding, layers, rotary)))
 
 
 def uninstall():

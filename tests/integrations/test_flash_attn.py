@@ -78,3 +78,34 @@ def test_softmax_d_of_no_rows():
         delta = _flash_attn_backward(q, q, k, k, q, lse, *grads, 0.0, None, False, -1, -1, 0.0, None, False)
     assert delta.shape == lse.shape and delta.dtype == torch.float32
     assert not grads[1].any() and not grads[2].any()
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("offsets", ["int", "tensor"])
+def test_apply_rotary_emb(offsets, interleaved):
+    """flash_attn.layers.rotary.apply_rotary_emb, as flash-attn's own tests import it: token t of sequence b turned at
+    position offset + t (an int, or each sequence's own), against the float64 reference within 2x the fp16 rounding
+    of that reference; inplace writes into x; packed sequences and gradients raise, as does the dropout-mask helper
+    (flashtile returns no mask)."""
+    from flashtile import reference
+    x = randn(3, 5, 4, 64, dtype=torch.float16)
+    angle = torch.rand(40, 16, device=DEVICE) * 6.3
+    cos, sin = torch.cos(angle).half(), torch.sin(angle).half()
+    start = 7 if offsets == "int" else torch.tensor([0, 9, 30], dtype=torch.int32, device=DEVICE)
+    with shim.installed():
+        from flash_attn.flash_attn_interface import _get_block_size_n
+        from flash_attn.layers.rotary import apply_rotary_emb
+        out = apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=start)
+        positions = (torch.as_tensor(start, device=DEVICE).reshape(-1, 1) + torch.arange(5, device=DEVICE)).expand(3, 5)
+        ref = reference.rotary(x, cos, sin, positions, interleaved)
+        rounding = (ref.half().double() - ref).abs().max().item()
+        assert (out.double() - ref).abs().max().item() <= 2 * rounding + 1e-6
+        y = x.clone()
+        assert apply_rotary_emb(y, cos, sin, interleaved=interleaved, inplace=True, seqlen_offsets=start) is y
+        assert torch.equal(y, out)
+        with pytest.raises(NotImplementedError, match="packed"):
+            apply_rotary_emb(x.flatten(0, 1), cos, sin, cu_seqlens=torch.tensor([0, 15], dtype=torch.int32))
+        with pytest.raises(NotImplementedError, match="no backward"):
+            apply_rotary_emb(x.float().requires_grad_(), cos, sin)
+        with pytest.raises(NotImplementedError, match="dropout"):
+            _get_block_size_n(x.device, 64, True, False)
