@@ -101,12 +101,6 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
                                               arch(q.device), interpreter_enabled()))
 
 
-def takes_hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                          window_size: tuple[int, int], packed: bool) -> bool:
-    """Whether the sm90 backward takes the call: sm90, not the interpreter, and hopper_backward_pick gives a config."""
-    return runs_gluon(q.device) and hopper_backward_pick(q, k, v, dout, window_size, packed) is not None
-
-
 def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                          window_size: tuple[int, int], packed: bool = False) -> Optional[configs.HopperBwdConfig]:
     """The sm90 backward's config for the call on any device: configs.BWD_BACKEND "auto", batch mode, a call the

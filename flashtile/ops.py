@@ -70,10 +70,15 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     seqlen_k = max_seqlen_k if packed else k.shape[1]
     if out.numel() == 0:
         return out, lse
-    if seqlen_k == 0:  # only the sink, if any: O = 0, LSE = the sink
+    if seqlen_k == 0:  # no key: O = 0, LSE = the sink (-inf without one)
+        out.zero_()
         if sinks is None:
-            return out.zero_(), lse.fill_(float("-inf"))
-        return out.zero_(), lse.copy_(sinks[:, None] if packed else sinks[:, None].expand(lse.shape))
+            return out, lse.fill_(float("-inf"))
+        lse.copy_(sinks[:, None])
+        if packed:  # rows past the last sequence keep -inf
+            launch_zero_unused_rows(out, launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])[0],
+                                    lse)
+        return out, lse
     if packed:  # offsets no kernel can read out of bounds with, whatever their values
         cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     if config is None:

@@ -84,7 +84,6 @@ def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
     assert dispatch.hopper_backward_pick(*tensors(1024, 96), (-1, -1)) is None
     monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
     assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1)) is None
-    assert not dispatch.takes_hopper_backward(q, k, v, dout, (-1, -1), False)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -43,7 +43,7 @@ def test_backward_dispatch(monkeypatch):
         monkeypatch.setattr(configs, "BWD_BACKEND", backend)
         q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
         k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
-        return dispatch.takes_hopper_backward(q, k, k, q, window, packed)
+        return dispatch.backward(q, k, k, q, window, packed).kernel == "hopper/bwd.py"
 
     assert {d for d, _ in configs.BWD_HOPPER} == {64, 128, 256}
     for (head_dim, causal), config in configs.BWD_HOPPER.items():
@@ -250,10 +250,11 @@ def bwd_path(request, monkeypatch):
 def test_taken_for_the_shapes_it_covers():
     for d in (64, 128, 256):
         q, k = randn(1, 256, 4, d, dtype=torch.bfloat16), randn(1, 256, 2, d, dtype=torch.bfloat16)
-        assert dispatch.takes_hopper_backward(q, k, k, q, (-1, -1), False)
-        assert dispatch.takes_hopper_backward(q, k, k, q, (-1, 0), False)
-        assert not dispatch.takes_hopper_backward(q, k, k, q, (128, 0), False)
-    assert not dispatch.takes_hopper_backward(q[..., :96], k[..., :96], k[..., :96], q[..., :96], (-1, -1), False)
+        assert dispatch.backward(q, k, k, q, (-1, -1), False).kernel == "hopper/bwd.py"
+        assert dispatch.backward(q, k, k, q, (-1, 0), False).kernel == "hopper/bwd.py"
+        assert dispatch.backward(q, k, k, q, (128, 0), False).kernel == "portable/bwd.py"  # sliding window
+    d96 = (t[..., :96] for t in (q, k, k, q))
+    assert dispatch.backward(*d96, (-1, -1), False).kernel == "portable/bwd.py"
 
 
 SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),

@@ -577,6 +577,10 @@ def test_sinks_varlen():
     assert_attention_close(out, want, ref(False)(q, k, v, sinks)[0], lse, want_lse)
     torch.testing.assert_close(lse[:, 57:], sinks[:, None].expand(4, 9))  # the sequence without keys: the sink
     assert not out[57:].any()
+    no_keys = torch.tensor([0, 0], dtype=torch.int32, device=DEVICE)  # no key at all; rows 5.. belong to no sequence
+    out, lse, _ = flashtile.flash_attn_varlen_func(q[:8], k[:0], v[:0], cu_q[:2].clamp(max=5), no_keys, 5, 0,
+                                                   return_attn_probs=True, learnable_sink=sinks)
+    assert torch.equal(lse[:, :5], sinks[:, None].expand(4, 5)) and lse[:, 5:].isneginf().all() and not out.any()
 
     def loss(fn):
         return lambda *inputs: (fn(*inputs)[0].float() * dout.float()).sum()
