@@ -118,13 +118,15 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                        cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
                        max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, config: object = None,
                        softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, dlse: Optional[Tensor] = None,
-                       grads_out: tuple = (None, None, None), return_delta: bool = False) -> tuple[Tensor, ...]:
+                       sinks: Optional[Tensor] = None, grads_out: tuple = (None, None, None),
+                       return_delta: bool = False) -> tuple[Tensor, ...]:
     """Gradients (dq, dk, dv), shaped like q, k, v. ``deterministic`` computes dQ in its own pass, with
     no atomics, so that every gradient is bitwise reproducible. ``dlse`` (shaped like lse, or None) is the
     gradient reaching the LSE: since d lse_i / d s_ij = P_ij, it enters as delta − dlse wherever delta does.
-    ``grads_out``: tensors the gradients may be written into (each used where it is contiguous, 16-byte aligned and
-    shaped like its input, else a new one); ``return_delta`` appends the float32 delta (rowsum(dO ∘ O) − dlse,
-    shaped like lse) that the kernels used."""
+    ``sinks`` (float32 (nheads,), the forward's): their gradient follows, float32 (nheads,) (sink_grad, summed from
+    parts the delta launch writes). ``grads_out``: tensors the gradients may be written into (each used where it is
+    contiguous, 16-byte aligned and shaped like its input, else a new one); ``return_delta`` appends the float32
+    delta (rowsum(dO ∘ O) − dlse, shaped like lse) that the kernels used."""
     dq, dk, dv = (g if _writable_like(g, t) else torch.empty(t.shape, device=t.device, dtype=t.dtype)
                   for g, t in zip(grads_out, (q, k, v)))
     seqlen_k = max_seqlen_k if cu_seqlens_q is not None else k.shape[1]
@@ -132,19 +134,23 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
         for grad in (dq, dk, dv):
             grad.zero_()
         delta = torch.zeros_like(lse) if dlse is None else -dlse.float()  # O = 0
+        dsinks = None if sinks is None else sink_grad(sinks, lse, delta)
     else:
-        delta = _launch_backward(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right,
-                                 deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config,
-                                 softcap, alibi_slopes, dlse)
-    return (dq, dk, dv, delta) if return_delta else (dq, dk, dv)
+        delta, sink_parts = _launch_backward(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size,
+                                             bottom_right, deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                             max_seqlen_k, config, softcap, alibi_slopes, dlse, sinks)
+        dsinks = None if sinks is None else sink_parts.sum(1)
+    return (dq, dk, dv) + (() if sinks is None else (dsinks, )) + ((delta, ) if return_delta else ())
 
 
 def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
                      dv: Tensor, softmax_scale: float, window_size: tuple[int, int], bottom_right: bool,
                      deterministic: bool, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                      max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], config: object, softcap: float,
-                     alibi_slopes: Optional[Tensor], dlse: Optional[Tensor]) -> Tensor:
-    """attention_backward's launches for a call with queries and keys: gradients into dq, dk, dv; returns delta."""
+                     alibi_slopes: Optional[Tensor], dlse: Optional[Tensor],
+                     sinks: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """attention_backward's launches for a call with queries and keys: gradients into dq, dk, dv; returns delta and
+    the sinks' gradient parts (None without sinks)."""
     if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
         dk.zero_()
         dv.zero_()
@@ -160,15 +166,15 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     if plan.kernel == "hopper/bwd.py":
         return dispatch.hopper("bwd").launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale,
                                                         dispatch.is_causal(window_size), bottom_right, deterministic,
-                                                        plan.config, dlse=dlse)
+                                                        plan.config, dlse=dlse, sinks=sinks)
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
-    delta = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse)
+    delta, _, sink_parts = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse, sinks=sinks)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, plan.config, delta, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))
     if cu_seqlens_q is not None:  # query rows past the last sequence
         launch_zero_unused_rows(dq, cu_seqlens_q)
-    return delta
+    return delta, sink_parts
 
 
 def _writable_like(g: Optional[Tensor], t: Tensor) -> bool:
@@ -204,22 +210,27 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int,
         bottom_right: bool, deterministic: bool, softcap: float = 0.0,
-        alibi_slopes: Optional[torch.Tensor] = None,
-        dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv and delta (rowsum(dO ∘ O) − dlse, which the sinks' gradient takes)."""
-    return attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
-                              deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse, return_delta=True)
+        alibi_slopes: Optional[torch.Tensor] = None, dlse: Optional[torch.Tensor] = None,
+        sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and the sinks' gradient (an empty tensor without sinks: an op returns no None)."""
+    grads = attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
+                               deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse, sinks=sinks)
+    return grads if sinks is not None else grads + (lse.new_empty(0), )
 
 
 bwd = torch.library.custom_op("flashtile::bwd", mutates_args=())(_bwd_impl)
 
 
 @bwd.register_fake
-def _bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-              *args: object) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+              window_left: int, window_right: int, bottom_right: bool, deterministic: bool, softcap: float = 0.0,
+              alibi_slopes: Optional[Tensor] = None, dlse: Optional[Tensor] = None,
+              sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return (torch.empty(q.shape, device=q.device, dtype=q.dtype), torch.empty(k.shape, device=k.device, dtype=k.dtype),
-            torch.empty(v.shape, device=v.device, dtype=v.dtype), torch.empty_like(lse))
+            torch.empty(v.shape, device=v.device, dtype=v.dtype),
+            lse.new_empty(0) if sinks is None else torch.empty_like(sinks))
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -237,15 +248,16 @@ def _saved_grads(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, delta = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse)
-    dsinks = sink_grad(sinks, lse, delta) if sinks is not None and ctx.needs_input_grad[15] else None
-    return (dq, dk, dv) + (None, ) * 12 + (dsinks, )
+    wanted = sinks if sinks is not None and ctx.needs_input_grad[15] else None
+    dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse, wanted)
+    return (dq, dk, dv) + (None, ) * 12 + (dsinks if wanted is not None else None, )
 
 
 def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
     """The sinks' gradient: a sink's share of row i is p_i = exp(sink − lse_i), and d loss / d sink = −Σ_i p_i · delta_i
     over the head's rows (delta = rowsum(dO ∘ O) − dlse, shaped like lse: (batch, nheads, rows) or packed (nheads,
-    rows)). Rows of no sequence (lse = −inf) take no part."""
+    rows)). Rows of no sequence (lse = −inf) take no part. The kernels' delta launch sums the same in parts; this is
+    its form for calls that launch nothing."""
     packed = lse.dim() == 2
     share = torch.exp_(sinks.view((-1, 1) if packed else (1, -1, 1)) - lse).masked_fill_(lse == float("-inf"), 0.0)
     return share.mul_(delta).sum(dim=(1, ) if packed else (0, 2)).neg_()

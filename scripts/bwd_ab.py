@@ -79,7 +79,7 @@ def main():
             out, lse = ops.attention_forward(q, k, v, d ** -0.5, window, True)
             cfg = dispatch.bwd_config(head_dim_pad(d), causal, 2, (9, 0), False)
             grads = {name: [torch.empty_like(t) for t in (q, k, v)] for name in ("new", "old")}
-            delta = ops.launch_preprocess(out, dout, lse, None, n)
+            delta = ops.launch_preprocess(out, dout, lse, None, n)[0]
 
             def run(module, name):
                 return lambda: module.launch_bwd(dout, q, k, v, out, lse, *grads[name], None, None, None, None,

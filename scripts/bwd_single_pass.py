@@ -52,7 +52,7 @@ def main(argv=None):
                         best[name] = min(best[name], ms(lambda: launch_bwd_hopper(
                             do, q, k, v, out, lse, dq, dk, dv, scale, causal, True, False, designs[name])))
                 cfg = designs["single"]
-                delta, acc = launch_preprocess(out, do, lse, None, n, zeroed=dq_acc_shape(q, cfg))
+                delta, acc, _ = launch_preprocess(out, do, lse, None, n, zeroed=dq_acc_shape(q, cfg))
                 grid, kargs, kwargs = launch_args(q, k, v, do, dk, dv, lse, delta, scale, causal, True, cfg, acc)
                 pieces = [ms(lambda: launch_preprocess(out, do, lse, None, n, zeroed=dq_acc_shape(q, cfg))),
                           ms(lambda: flash_bwd_dkdv_hopper_kernel[grid](*kargs, **kwargs)),

@@ -97,7 +97,7 @@ def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, causal, monkeypatch):
 
     def backward(*args, **kwargs):
         calls.append(("backward", args[-1]))
-        return torch.zeros_like(args[5])
+        return torch.zeros_like(args[5]), None
     monkeypatch.setattr(bwd, "launch_bwd_hopper", backward)
     q, k, v, dout = tensors(1024, 128)
     window = (-1, 0) if causal else (-1, -1)

@@ -379,28 +379,30 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None):
+                      config=None, dlse=None, sinks=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
     or by kernels/hopper/bwd_split.py with ``config.split_gradients``). ``config`` a configs.HopperBwdConfig.
     ``dlse``, the LSE's gradient (or None), enters as delta − dlse, which the preprocess launch computes in one pass
-    for either design. Returns delta (− dlse), as the kernels used it."""
+    for either design. ``sinks`` (float32 (nheads,), or None): the preprocess launch also sums their gradient's parts.
+    Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
-        delta, dq_acc = portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], zeroed=dq_acc_shape(q, config),
-                                                       dlse=dlse)
+        delta, dq_acc, sink_parts = portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1],
+                                                                   zeroed=dq_acc_shape(q, config), dlse=dlse,
+                                                                   sinks=sinks)
         _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc)
         portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale)
-        return delta
-    delta_in = dlse is not None
-    delta = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse) if delta_in
-             else torch.empty_like(lse))
+        return delta, sink_parts
+    delta_in = dlse is not None or sinks is not None
+    delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse, sinks=sinks)
+                            if delta_in else (torch.empty_like(lse), None, None))
     bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
                             delta_in)
     _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
-    return delta
+    return delta, sink_parts
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None):

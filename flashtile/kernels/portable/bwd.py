@@ -38,13 +38,15 @@ def _row_dot(o, do):
 
 
 @triton.jit
-def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, stride_ob, stride_on, stride_oh, stride_db,
-                          stride_dn, stride_dh, stride_lb, stride_lh, stride_xb, stride_xh, stride_xn, stride_zb,
-                          stride_zn, stride_zh, zero_rows, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
-                          HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
-                          HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr):
+def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, LSE, Sinks, SinkParts, stride_ob, stride_on,
+                          stride_oh, stride_db, stride_dn, stride_dh, stride_lb, stride_lh, stride_xb, stride_xh,
+                          stride_xn, stride_zb, stride_zn, stride_zh, zero_rows, seqlen_q, nheads,
+                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
+                          HAS_SINK: tl.constexpr):
     """delta of BLOCK_M rows of one head, minus the LSE's gradient with HAS_DLSE; with ZERO_DQ, also zeros for the
-    same rows (up to zero_rows) of the float32 dQ that atomics add into after."""
+    same rows (up to zero_rows) of the float32 dQ that atomics add into after; with HAS_SINK, the rows' part of the
+    head's sink gradient, −Σ exp(sink − lse_i) · delta_i, into SinkParts[h, b, program along the rows]."""
     pid_bh = tl.program_id(1)
     b = (pid_bh // nheads).to(tl.int64)
     h = (pid_bh % nheads).to(tl.int64)
@@ -59,6 +61,12 @@ def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, stride_ob, st
     if HAS_DLSE:
         delta -= tl.load(dLSE + b * stride_xb + h * stride_xh + rows * stride_xn, mask=offs_m < seqlen_q)
     tl.store(Delta + b * stride_lb + h * stride_lh + rows, delta, mask=offs_m < seqlen_q)
+    if HAS_SINK:  # the sink's share of each row's softmax: exp(sink − lse_i); none in rows without a sequence
+        lse = tl.load(LSE + b * stride_lb + h * stride_lh + rows, mask=offs_m < seqlen_q, other=float("-inf"))
+        share = tl.exp(tl.load(Sinks + h) - lse)  # [BLOCK_M]
+        part = tl.sum(tl.where(lse > float("-inf"), share * delta, 0.0), 0)
+        blocks_m = tl.num_programs(0)
+        tl.store(SinkParts + (h * (tl.num_programs(1) // nheads) + b) * blocks_m + tl.program_id(0), -part)
     if ZERO_DQ:
         tl.store(dQacc + b * stride_zb + offs_m[:, None] * stride_zn + h * stride_zh + offs_d[None, :],
                  tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32), mask=(offs_m < zero_rows)[:, None])
@@ -311,33 +319,36 @@ def flash_bwd_kernel(
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
-def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None):
-    """delta = rowsum(dO ∘ O) (minus ``dlse``, the LSE's gradient, where given), shaped like lse; with ``zeroed``
-    (batch mode, a shape (batch, nheads, rows, head_dim_pad)), (delta, a float32 tensor of that shape filled with
-    zeros by the same launch)."""
+def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None, sinks=None):
+    """(delta, zeros, sink_parts): delta = rowsum(dO ∘ O) (minus ``dlse``, the LSE's gradient, where given), shaped
+    like lse; with ``zeroed`` (batch mode, a shape (batch, nheads, rows, head_dim_pad)), a float32 tensor of that shape
+    filled with zeros by the same launch (else None); with ``sinks`` (float32 (nheads,)), their gradient in parts,
+    float32 (nheads, blocks) whose sum over blocks is d loss / d sink (else None)."""
     delta = torch.empty_like(lse)
     zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
-    tensors = (out, dout, delta, dlse, zeros, cu_seqlens_q)
-    key = launch_key(tensors + (lse, ), "delta", seqlen_q)
+    nheads, head_dim = out.shape[-2], out.shape[-1]
+    is_varlen = cu_seqlens_q is not None
+    batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
+    grid = (cdiv(max(seqlen_q, 0 if zeros is None else zeros.shape[2]), 64), batch * nheads)
+    parts = None if sinks is None else torch.empty(nheads, batch * grid[0], device=out.device, dtype=torch.float32)
+    tensors = (out, dout, delta, dlse, zeros, cu_seqlens_q, lse, sinks, parts)
+    key = launch_key(tensors, "delta", seqlen_q)
 
     def first():
-        nheads, head_dim = out.shape[-2], out.shape[-1]
-        is_varlen = cu_seqlens_q is not None
-        batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
         lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
         dlse_strides = (0, 0, 0)
         if dlse is not None:  # any strides autograd hands over (an expanded gradient has zeros)
             dlse_strides = (0, *dlse.stride()) if is_varlen else dlse.stride()
         zero_rows = 0 if zeros is None else zeros.shape[2]
-        grid = (cdiv(max(seqlen_q, zero_rows), 64), batch * nheads)
         args = (*tensors, *_strides(out), *_strides(dout), *lse_strides, *dlse_strides,
                 *((zeros.stride(0), zeros.stride(2), zeros.stride(1)) if zeros is not None else (0, 0, 0)), zero_rows,
                 seqlen_q, nheads)
         kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen,
-                      HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None)
-        return Replay(bwd_preprocess_kernel, grid, args, kwargs, ["O", "dO", "Delta", "dLSE", "dQacc", "cu_seqlens_q"])
+                      HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None, HAS_SINK=sinks is not None)
+        return Replay(bwd_preprocess_kernel, grid, args, kwargs,
+                      ["O", "dO", "Delta", "dLSE", "dQacc", "cu_seqlens_q", "LSE", "Sinks", "SinkParts"])
     _REPLAYS.launch(key, out.device, tensors, first)
-    return delta if zeros is None else (delta, zeros)
+    return delta, zeros, parts
 
 
 def launch_dq_cast(dq_acc, dq, scale):

@@ -136,7 +136,7 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     def preprocess(*args, **kwargs):
         calls.append(("preprocess", args, kwargs))
         preprocessed.append(torch.zeros(args[2].shape))
-        return preprocessed[-1]
+        return preprocessed[-1], None, None
     monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
     monkeypatch.setattr(bwd_dq_hopper, "flash_bwd_dq_hopper_kernel",
                         _Recorder("dq", bwd_dq_hopper.flash_bwd_dq_hopper_kernel, calls))
@@ -190,7 +190,7 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
 
     def preprocess(*args, **kwargs):
         calls.append(("preprocess", args, kwargs))
-        return torch.zeros(args[2].shape), torch.zeros(kwargs["zeroed"])
+        return torch.zeros(args[2].shape), torch.zeros(kwargs["zeroed"]), None
     monkeypatch.setattr(bwd, "launch_preprocess", preprocess)
     monkeypatch.setattr(bwd, "launch_dq_cast", lambda *args: calls.append(("cast", args, {})))
     monkeypatch.setattr(bwd, "launch_bwd", lambda *args, **kwargs: calls.append(("dq", args, kwargs)))

@@ -292,16 +292,16 @@ def test_preprocess_subtracts_the_lse_gradient():
     from flashtile.kernels.portable.bwd import launch_preprocess
     out, dout = (randn(2, 77, 4, 64, dtype=torch.float16) for _ in range(2))
     lse = torch.randn(2, 4, 77, device=DEVICE)
-    delta = launch_preprocess(out, dout, lse, None, 77)
+    delta = launch_preprocess(out, dout, lse, None, 77)[0]
     transposed = torch.randn(2, 77, 4, device=DEVICE).transpose(1, 2)
     for dlse in (transposed, torch.randn(4, 1, device=DEVICE).expand(2, 4, 77)):
-        torch.testing.assert_close(launch_preprocess(out, dout, lse, None, 77, dlse=dlse), delta - dlse)
+        torch.testing.assert_close(launch_preprocess(out, dout, lse, None, 77, dlse=dlse)[0], delta - dlse)
     cu = torch.tensor([0, 30, 77], dtype=torch.int32, device=DEVICE)
     packed_out, packed_dout = out[0], dout[0]
     packed_lse = torch.randn(4, 77, device=DEVICE)
-    packed_delta = launch_preprocess(packed_out, packed_dout, packed_lse, cu, 47)
+    packed_delta = launch_preprocess(packed_out, packed_dout, packed_lse, cu, 47)[0]
     dlse = torch.randn(77, 4, device=DEVICE).t()
-    torch.testing.assert_close(launch_preprocess(packed_out, packed_dout, packed_lse, cu, 47, dlse=dlse),
+    torch.testing.assert_close(launch_preprocess(packed_out, packed_dout, packed_lse, cu, 47, dlse=dlse)[0],
                                packed_delta - dlse)
 
 
@@ -317,7 +317,8 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     real_empty = torch.empty
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
-        delta, zeros = bwd.launch_preprocess(out, dout, lse, None, 77, zeroed=(2, 3, 128, 64))
+        delta, zeros, parts = bwd.launch_preprocess(out, dout, lse, None, 77, zeroed=(2, 3, 128, 64))
+    assert parts is None
     assert torch.equal(zeros, torch.zeros(2, 3, 128, 64))
     expected = (out.float() * dout.float()).sum(-1).transpose(1, 2)
     torch.testing.assert_close(delta, expected, atol=1e-3, rtol=1e-3)
