@@ -92,12 +92,14 @@ for step in "$@"; do
            rm -f "$out"/sinks-bench/*.png ;;  # learnable_sink: its GPU tests, then its speed against none
     flash-attn-tests)  # flash-attn 2.8.3's tests/test_flash_attn.py, unchanged, on flashtile (issue 39): first
       # `git show v2.8.3:tests/test_flash_attn.py > .fa/test_flash_attn.py` from a flash-attention clone, the einops
-      # wheel in .whl/, and carry .fa and .whl. FA_TESTS_K narrows the cases (-k); dropout cases are left out.
+      # wheel in .whl/, and carry .fa and .whl. FA_TESTS_K narrows the cases (-k), FA_TESTS_SAMPLE=i/n takes every n-th
+      # (tools/flash_attn_conftest.py), FA_TESTS_S bounds the seconds; dropout cases are left out.
       pip install --no-deps -q .whl/einops-*.whl 2>&1 | tail -1
       cp tools/flash_attn_conftest.py .fa/conftest.py
-      (cd .fa && timeout 540 python3 -m pytest -q -n 16 -p no:cacheprovider --tb=line test_flash_attn.py \
-         -k "not 0.17 and (${FA_TESTS_K:-test_flash_attn_qkvpacked})" 2>&1 \
-         | grep -E "passed|failed|FAILED|Error" | tail -60 | tee "$out/flash-attn-tests.log") ;;
+      (cd .fa && timeout -s INT "${FA_TESTS_S:-540}" python3 -m pytest -v -n 16 --dist worksteal -p no:cacheprovider --tb=line -rf \
+         test_flash_attn.py -k "not 0.17 and (${FA_TESTS_K:-test_})" > "$out/fa-tests-full.log" 2>&1)
+      python3 tools/fa_failures.py < "$out/fa-tests-full.log" \
+        | tee -a "$out/flash-attn-tests.log"; gzip -f "$out/fa-tests-full.log" ;;
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;

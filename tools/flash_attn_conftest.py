@@ -1,6 +1,38 @@
 """The conftest under which flash-attn's own tests/test_flash_attn.py runs, unchanged, against flashtile (issue 39's
 bar): ``import flash_attn`` gives flashtile's functions (flashtile.integrations.flash_attn). gpu_session.sh's
-flash-attn-tests step copies it beside that file."""
+flash-attn-tests step copies it beside that file.
+
+The file holds 413,780 cases without dropout, far more than one device call runs: ``FA_TESTS_SAMPLE=i/n`` keeps, of
+each test function's cases left after -k, every n-th in collection order from the i-th (a prime n spreads the sample
+over every parameter), so that calls with i = 0, 1, … cover the file in turns. The cases are then ordered by what
+fixes the kernels they compile (head dim, dtype, masks): xdist hands each worker consecutive cases, which then share
+kernels, rather than sixteen workers compiling the same kernel at once (``--dist worksteal`` splits the list into
+consecutive parts)."""
+import os
+
+import pytest
+
 import flashtile.integrations.flash_attn as shim
 
 shim.install()
+_KERNEL_PARAMS = ("d", "dtype", "causal", "local", "alibi", "softcap", "deterministic", "mha_type", "kvpacked")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):  # after -k
+    sample = os.environ.get("FA_TESTS_SAMPLE")
+    if sample:
+        start, step = map(int, sample.split("/"))
+        seen, kept, dropped = {}, [], []
+        for item in items:
+            index = seen[item.originalname] = seen.get(item.originalname, -1) + 1
+            (kept if index % step == start % step else dropped).append(item)
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    items.sort(key=_kernel_key)
+
+
+def _kernel_key(item):
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    return (item.originalname, ) + tuple(str(params.get(name)) for name in _KERNEL_PARAMS)
+
