@@ -91,7 +91,16 @@ def viz(args):
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):
         args.parser.error(f"-o {args.output}: the folder {folder} does not exist")
-    if args.playground:
+    if args.record and not args.pipeline:
+        args.parser.error("--record goes with --pipeline")
+    if args.pipeline:
+        from .viz import pipeline
+        try:
+            recorded = pipeline.record(pipeline.SHIPPED) if args.record else pipeline.load()
+        except (FileNotFoundError, RuntimeError) as error:
+            args.parser.error(str(error))
+        html = pipeline.render(recorded)
+    elif args.playground:
         html = playground()
     else:
         html = render(trace(args.algo, args.seqlen, args.head_dim, args.block_m, args.block_n, args.causal))
@@ -101,8 +110,8 @@ def viz(args):
                           f"--seqlen or larger tiles, or --force to write it anyway")
     with open(args.output, "w") as f:
         f.write(html)
-    print(f"wrote {args.output}" + ("" if args.playground else f" ({args.algo}, N={args.seqlen}, D={args.head_dim}, "
-                                                            f"tiles {args.block_m}x{args.block_n})"))
+    detail = f" ({args.algo}, N={args.seqlen}, D={args.head_dim}, tiles {args.block_m}x{args.block_n})"
+    print(f"wrote {args.output}" + ("" if args.playground or args.pipeline else detail))
     return 0
 
 
@@ -238,6 +247,10 @@ def main(argv=None):
     p_viz.add_argument("--block-n", type=_positive_int, default=2)
     p_viz.add_argument("--causal", action="store_true")
     p_viz.add_argument("--playground", action="store_true", help="the interactive attention playground instead")
+    p_viz.add_argument("--pipeline", action="store_true",
+                       help="the sm90 forward's pipeline as recorded inside the kernel (the trace flashtile ships)")
+    p_viz.add_argument("--record", action="store_true",
+                       help="with --pipeline: record the trace anew first (an sm90 GPU), into the package")
     p_viz.add_argument("--force", action="store_true", help=f"write a page over {PAGE_LIMIT_MB} MB too")
     p_viz.add_argument("-o", "--output", default="page.html")
     argv = sys.argv[1:] if argv is None else list(argv)

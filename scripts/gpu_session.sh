@@ -2,7 +2,7 @@
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
-#        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests]
+#        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -101,6 +101,12 @@ for step in "$@"; do
       python3 tools/fa_failures.py < "$out/fa-tests-full.log" \
         | tee -a "$out/flash-attn-tests.log"; gzip -f "$out/fa-tests-full.log" ;;
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
+    pipeline-record)  # issue 41 item 3: the sm90 forward's timeline from Proton's records; bring the trace back
+      timeout 200 python3 -m flashtile viz --pipeline --record -o "$out/pipeline.html" 2>&1 | tail -20 \
+        | tee "$out/pipeline-record.log"
+      cp flashtile/viz/pipeline_trace.json "$out/" 2>/dev/null
+      timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short tests/viz/test_pipeline.py 2>&1 | tail -20 \
+        | tee -a "$out/pipeline-record.log" ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac

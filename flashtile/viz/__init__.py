@@ -13,14 +13,16 @@ import numpy as np
 _HERE = Path(__file__).parent
 
 
-def _fill(template, **values):
+def fill_template(template, **values):
+    """The text of a template beside this file with each {{KEY}} replaced by its value."""
     html = (_HERE / template).read_text()
     for key, value in values.items():
         html = html.replace("{{" + key + "}}", value)
     return html
 
 
-def _json(data):
+def script_json(data):
+    """data as JSON that can sit inside a <script> element."""
     return json.dumps(data).replace("</", "<\\/")
 
 
@@ -57,14 +59,14 @@ def title(trace):
 
 def render(trace):
     """The step-through page of one trace, as an HTML string."""
-    return _fill("page.html", TITLE=title(trace), INTRO=INTROS.get(trace.algo, ""),
-                 STYLE=(_HERE / "style.css").read_text(), DATA=_json(trace.to_json()),
-                 SCRIPT=(_HERE / "page.js").read_text())
+    return fill_template("page.html", TITLE=title(trace), INTRO=INTROS.get(trace.algo, ""),
+                         STYLE=(_HERE / "style.css").read_text(), DATA=script_json(trace.to_json()),
+                         SCRIPT=(_HERE / "page.js").read_text())
 
 
 def playground(seqlen=6, head_dim=4, seed=0):
     """The interactive attention playground, as an HTML string."""
     rng = np.random.default_rng(seed)
     data = {name: np.round(rng.standard_normal((seqlen, head_dim)), 2).tolist() for name in ("Q", "K", "V")}
-    return _fill("playground.html", STYLE=(_HERE / "style.css").read_text(), DATA=_json(data),
-                 SCRIPT=(_HERE / "playground.js").read_text())
+    return fill_template("playground.html", STYLE=(_HERE / "style.css").read_text(), DATA=script_json(data),
+                         SCRIPT=(_HERE / "playground.js").read_text())

@@ -229,3 +229,32 @@ def test_sram_holds_only_the_current_programs_tiles(browser, tmp_path, algo):
     assert chips == [f"{step.tensor}[{step.tile[0]},{step.tile[1]}]"]
     assert step.program.lower() in browser.find_element(By.ID, "program").text.lower()
     assert_no_js_errors(browser)
+
+
+def test_pipeline_page_shows_the_numbers_of_its_trace(browser, tmp_path):
+    """The recorded-pipeline page (flashtile/viz/pipeline.py) on a made-up trace of two programs: a lane per
+    warp role, a bar per recorded phase, a legend of the phases shown, and for each program the numbers that
+    pipeline.summary reads off the same trace."""
+    from pipeline_traces import META, program, proton_trace
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from flashtile.viz import pipeline
+    recorded = pipeline.from_proton(proton_trace({0: program(0), 1: program(0, stretch=2)}), META)
+    open_page(browser, tmp_path, pipeline.render(recorded), "pipeline")
+    assert_no_js_errors(browser)
+    assert "N=4096, D=128" in browser.find_element(By.ID, "title").text
+    assert "loader" in browser.find_element(By.ID, "intro").text
+    legend = browser.find_element(By.ID, "legend").text
+    assert all(name in legend for name in ("wait stage free", "load K", "issue MMA", "softmax", "epilogue"))
+    formats = dict(span_us="{:.2f}", tensor_busy="{:.3f}", kv_waits="{}", kv_wait_ns="{:.1f}",
+                   kv_wait_share="{:.3f}", softmax_share="{:.3f}", turn_wait_share="{:.3f}", stage_wait_ns="{:.1f}")
+    Select(browser.find_element(By.ID, "zoom")).select_by_value("1")
+    for index, numbers in enumerate(pipeline.summary(recorded)["programs"]):
+        Select(browser.find_element(By.ID, "program")).select_by_index(index)
+        shown = {key: browser.find_element(By.ID, f"number-{key}").text for key in formats}
+        assert shown == {key: fmt.format(numbers[key]) for key, fmt in formats.items()}
+        bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
+        assert len(bars) == sum(len(lane["events"]) for lane in recorded["programs"][index]["lanes"])
+    assert browser.find_element(By.ID, "number-span_us").text == "0.28"  # the second program, twice as slow
+    assert_no_js_errors(browser)

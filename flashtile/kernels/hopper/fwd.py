@@ -37,6 +37,7 @@ are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neigh
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
 stored.
 """
+import triton.profiler.language as pl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -75,22 +76,28 @@ def _load_item(sw, ring, pb, q_desc, k_desc, v_desc, code, counter, claim, claim
     would wait for a free stage anyway (the atomic's round trip at the start of an item would delay its loads);
     returns (g, claimed)."""
     for i in gl.static_range(sw.BLOCK_M // WG_M):
-        mbarrier.wait(ring.q_free.index(i), (done & 1) ^ 1)
-        if sw.SCHEDULE == 3:
-            ring.code.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-        mbarrier.expect(ring.q_bar.index(i), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * WG_M, h * pb.views.q_col_h], ring.q_bar.index(i),
-                                        ring.q.index(i))
+        with pl.scope("wait Q free"):  # pl scopes: timeline records under Proton's instrumentation, else nothing
+            mbarrier.wait(ring.q_free.index(i), (done & 1) ^ 1)
+        with pl.scope("load Q"):
+            if sw.SCHEDULE == 3:
+                ring.code.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+            mbarrier.expect(ring.q_bar.index(i), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * WG_M, h * pb.views.q_col_h],
+                                            ring.q_bar.index(i), ring.q.index(i))
     for j in range(n_tiles):
         stage = g % sw.STAGES
-        mbarrier.wait(ring.k_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
-        mbarrier.expect(ring.k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
-                                        ring.k_ready.index(stage), ring.k.index(stage))
-        mbarrier.wait(ring.v_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
-        mbarrier.expect(ring.v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
-                                        ring.v_ready.index(stage), ring.v.index(stage))
+        with pl.scope("wait stage free"):
+            mbarrier.wait(ring.k_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
+        with pl.scope("load K"):
+            mbarrier.expect(ring.k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
+                                            ring.k_ready.index(stage), ring.k.index(stage))
+        with pl.scope("wait stage free"):
+            mbarrier.wait(ring.v_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
+        with pl.scope("load V"):
+            mbarrier.expect(ring.v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
+                                            ring.v_ready.index(stage), ring.v.index(stage))
         g += 1
         if sw.SCHEDULE == 3:
             if claim and j == 0:
@@ -248,19 +255,24 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             first = start_m + wg * WG_M
             n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), sw.BLOCK_N), 1)
             n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // sw.BLOCK_N
-        mbarrier.wait(ring.q_bar.index(wg), done & 1)
+        with pl.scope("wait Q"):
+            mbarrier.wait(ring.q_bar.index(wg), done & 1)
         if sw.Q_REGS:  # Q·Kᵀ reads Q from registers: the loader may fetch the next item's rows now
             q_op = q_wg.load(register_operand_layout(s_layout))
             fence_async_shared()  # these reads are ordered before the loader's TMA write of the next rows
             mbarrier.arrive(ring.q_free.index(wg))
         else:
             q_op = q_wg
-        mbarrier.wait(ring.k_ready.index(g % sw.STAGES), (g // sw.STAGES) & 1)
-        _take_turn(ring.turn, wg, turns, sw.PINGPONG)
-        s = warpgroup_mma(q_op, ring.k.index(g % sw.STAGES).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
+        with pl.scope("wait K/V"):
+            mbarrier.wait(ring.k_ready.index(g % sw.STAGES), (g // sw.STAGES) & 1)
+        with pl.scope("wait turn"):
+            _take_turn(ring.turn, wg, turns, sw.PINGPONG)
+        with pl.scope("issue MMA"):
+            s = warpgroup_mma(q_op, ring.k.index(g % sw.STAGES).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
         _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
-        s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
+        with pl.scope("wait QK"):
+            s = warpgroup_mma_wait(0, deps=(s, ))  # [WG_M, BLOCK_N]
         if n_own == 1:
             if not sw.Q_REGS:
                 mbarrier.arrive(ring.q_free.index(wg))
@@ -268,27 +280,34 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
                 mbarrier.arrive(ring.k_done.index(0))
         if not sw.STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
             mbarrier.arrive(ring.k_free.index(g % sw.STAGES))
-        p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, sw.BLOCK_N,
-                                                                 sw.CAUSAL, s_layout), outs.qk_scale, sw.MAY_BE_EMPTY)
-        l_i = _lane_sums(None, alpha, p, sw.BLOCK_N)  # the step's own l (unused) is left to dead code
+        with pl.scope("softmax"):
+            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, sw.BLOCK_N,
+                                                                     sw.CAUSAL, s_layout), outs.qk_scale,
+                                                   sw.MAY_BE_EMPTY)
+            l_i = _lane_sums(None, alpha, p, sw.BLOCK_N)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
         p = _operand(p, p_layout, dtype, sw.EARLY_P)
         for j in range(1, n_own):
             stage = (g + j) % sw.STAGES
             prev = (g + j - 1) % sw.STAGES
-            mbarrier.wait(ring.k_ready.index(stage), ((g + j) // sw.STAGES) & 1)
-            mbarrier.wait(ring.v_ready.index(prev), ((g + j - 1) // sw.STAGES) & 1)
-            _take_turn(ring.turn, wg, turns + j, sw.PINGPONG)
-            s = warpgroup_mma(q_op, ring.k.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p_op = _operand(p, p_layout, dtype, not sw.EARLY_P)
-            acc = warpgroup_mma(p_op, ring.v.index(prev), acc, is_async=True)
+            with pl.scope("wait K/V"):
+                mbarrier.wait(ring.k_ready.index(stage), ((g + j) // sw.STAGES) & 1)
+                mbarrier.wait(ring.v_ready.index(prev), ((g + j - 1) // sw.STAGES) & 1)
+            with pl.scope("wait turn"):
+                _take_turn(ring.turn, wg, turns + j, sw.PINGPONG)
+            with pl.scope("issue MMA"):
+                s = warpgroup_mma(q_op, ring.k.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                p_op = _operand(p, p_layout, dtype, not sw.EARLY_P)
+                acc = warpgroup_mma(p_op, ring.v.index(prev), acc, is_async=True)
             _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
             # Nothing stays in flight across the loop edge: ptxas would serialize every wgmma (C7514).
-            if sw.OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
-                s = warpgroup_mma_wait(1, deps=(s, ))
-            else:
-                s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+            with pl.scope("wait QK"):
+                if sw.OVERLAP_PV:  # this softmax runs while P·V of the previous tile is still on the tensor cores
+                    s = warpgroup_mma_wait(1, deps=(s, ))
+                else:
+                    s, acc = warpgroup_mma_wait(0, deps=(s, acc))
+            if not sw.OVERLAP_PV:
                 mbarrier.arrive(ring.v_free.index(prev))
             if j == n_own - 1:
                 if not sw.Q_REGS:
@@ -297,18 +316,20 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
                     mbarrier.arrive(ring.k_done.index(0))
             if not sw.STAGE_K or j < n_own - 1:
                 mbarrier.arrive(ring.k_free.index(stage))
-            if sw.FROZEN_MAX:
-                if j % REBASE_EVERY == 1:
-                    m_ref, l_i, alpha = _rebase(m_ref, l_i)
-                p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout) * outs.qk_scale
-                            - m_ref[:, None])  # [WG_M, BLOCK_N]
-                l_i = _lane_sums(l_i, None, p, sw.BLOCK_N)
-            else:
-                scores = _scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
-                p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, outs.qk_scale, sw.MAY_BE_EMPTY)
-                l_i = _lane_sums(l_i, alpha, p, sw.BLOCK_N)
+            with pl.scope("softmax"):
+                if sw.FROZEN_MAX:
+                    if j % REBASE_EVERY == 1:
+                        m_ref, l_i, alpha = _rebase(m_ref, l_i)
+                    p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
+                                * outs.qk_scale - m_ref[:, None])  # [WG_M, BLOCK_N]
+                    l_i = _lane_sums(l_i, None, p, sw.BLOCK_N)
+                else:
+                    scores = _scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
+                    p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, outs.qk_scale, sw.MAY_BE_EMPTY)
+                    l_i = _lane_sums(l_i, alpha, p, sw.BLOCK_N)
             if sw.OVERLAP_PV:
-                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                with pl.scope("wait PV"):
+                    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                 mbarrier.arrive(ring.v_free.index(prev))
             p = _operand(p, p_layout, dtype, sw.EARLY_P)  # with P·V done, its operand's registers are free
             if not sw.FROZEN_MAX:
@@ -316,11 +337,16 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             elif j % REBASE_EVERY == 1:  # O up to tile j - 1 joins its rows' new reference
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         last = (g + n_own - 1) % sw.STAGES
-        mbarrier.wait(ring.v_ready.index(last), ((g + n_own - 1) // sw.STAGES) & 1)
-        _take_turn(ring.turn, wg, turns + n_own, sw.PINGPONG)
-        acc = warpgroup_mma(_operand(p, p_layout, dtype, not sw.EARLY_P), ring.v.index(last), acc, is_async=True)
+        with pl.scope("wait K/V"):
+            mbarrier.wait(ring.v_ready.index(last), ((g + n_own - 1) // sw.STAGES) & 1)
+        with pl.scope("wait turn"):
+            _take_turn(ring.turn, wg, turns + n_own, sw.PINGPONG)
+        with pl.scope("issue MMA"):
+            acc = warpgroup_mma(_operand(p, p_layout, dtype, not sw.EARLY_P), ring.v.index(last), acc,
+                                is_async=True)
         _pass_turn(ring.turn, wg, NUM_WG, sw.PINGPONG)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        with pl.scope("wait PV"):
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(ring.v_free.index(last))
         if sw.FROZEN_MAX:  # the last tiles' sums, moved back under REBASE_AT with the rest
             m_ref, l_i, alpha = _rebase(m_ref, l_i)
@@ -329,6 +355,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
                     sw.STAGES, NUM_WG,
                     sw.PINGPONG)
 
+        pl.enter_scope("epilogue")
         o_offset, lse_offset = out_offsets(b, h, q_row, outs.stride_ob, outs.stride_on, outs.stride_oh, outs.stride_lb,
                                             outs.stride_lh, sw.IS_VARLEN)
         l_i = gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, s_layout))
@@ -374,6 +401,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             gl.store(ptrs, out, mask=rows_kept[:, None])
         if sw.STAGE_K:
             mbarrier.arrive(ring.k_free.index(last))
+        pl.exit_scope("epilogue")
     return bad
 
 
