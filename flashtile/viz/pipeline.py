@@ -38,6 +38,9 @@ def from_proton(chrome_trace, meta, programs=2):
         warps = by_cta.setdefault(int(cta.group(1)), {})
         warps.setdefault(int(warp.group(1)), []).append([scopes.index(event["name"]), start,
                                                          start + round(event["dur"] * 1000)])
+    if not by_cta:
+        raise RuntimeError("the Proton trace holds no record of the forward's scopes: was the kernel compiled with "
+                           "Proton's instrumentation on (proton.start(..., backend='instrumentation'))?")
     out = []
     for cta in sorted(by_cta)[:programs]:
         lanes = _lanes(by_cta[cta], scopes)

@@ -21,6 +21,11 @@ def test_from_proton_keeps_the_loader_and_a_warp_of_each_consumer():
     json.dumps(trace)
 
 
+def test_a_trace_without_our_scopes_is_refused():
+    with pytest.raises(RuntimeError, match="instrumentation"):
+        pipeline.from_proton(proton_trace({0: {0: [("some other scope", 0, 5)]}}), META)
+
+
 def test_summary_reads_the_numbers_off_the_trace():
     """By hand: products are in flight 20-40 and 60-110 on the first consumer, 40-60 and 80-130 on the second, so
     110 of the program's 140 cycles; each consumer waits 6 + 0 cycles for its two K/V tiles, spends 40 of 140 in the
