@@ -74,12 +74,14 @@ def alibi_slopes(slopes: Optional[torch.Tensor], batch: int, nheads: int, device
 
 _INSTEAD = {"attn_mask": "is_causal=True gives a causal mask, and flash_attn_varlen_func packs sequences of "
                          "different lengths without padding",
-            "dropout_p": "dropout_p=0.0"}
+            "dropout_p": "dropout_p=0.0",
+            "leftpad_k": "pack each sequence's keys from its first used row (cu_seqlens_k marks where they start)",
+            "seqused_k": "cu_seqlens_k that counts only the keys each sequence uses (pack them)"}
 
 
 def not_implemented(**options: object) -> None:
     """Options flashtile does not implement yet must keep their neutral value."""
-    neutral = {"dropout_p": 0.0, "attn_mask": None}
+    neutral = {"dropout_p": 0.0, "attn_mask": None, "leftpad_k": None, "seqused_k": None}
     for name, value in options.items():
         if value is None and neutral[name] is None:
             continue

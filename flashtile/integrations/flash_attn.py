@@ -6,8 +6,9 @@
     shim.uninstall()      # the modules that were there before (or none) come back
 
 or ``with shim.installed(): ...``. The modules put in place: ``flash_attn`` (the seven entry points),
-``flash_attn.flash_attn_interface`` (the same, and the ``_flash_attn_forward`` / ``_flash_attn_backward`` that
-ring-attention libraries call, with flash-attn 2.6's signatures), ``flash_attn.bert_padding`` (``unpad_input``,
+``flash_attn.flash_attn_interface`` (the same, and the ``_flash_attn_forward`` / ``_flash_attn_backward`` and
+``_flash_attn_varlen_forward`` / ``_flash_attn_varlen_backward`` that ring-attention libraries call, with flash-attn
+2.6-2.8's signatures), ``flash_attn.bert_padding`` (``unpad_input``,
 ``pad_input``) and ``flash_attn.layers.rotary`` (``apply_rotary_emb``, forward only). Dropout is not supported
 (``dropout_p`` > 0 raises NotImplementedError, as everywhere in flashtile).
 For transformers, use flashtile.integrations.transformers instead: transformers looks for the installed package.
@@ -47,6 +48,47 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     window = checks.window((window_size_left, window_size_right), causal)
     scale = checks.softmax_scale(softmax_scale, q.shape[-1])
     *grads, delta = ops.attention_backward(dout, q, k, v, out, softmax_lse, scale, window, True, deterministic,
+                                           softcap=softcap, alibi_slopes=alibi_slopes, grads_out=(dq, dk, dv),
+                                           return_delta=True)
+    for target, grad in zip((dq, dk, dv), grads):
+        if target is not None and target is not grad:
+            target.copy_(grad)
+    return delta
+
+
+def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                               alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
+                               seqused_k=None, zero_tensors=False):
+    """flash-attn 2.6-2.8's packed-sequence forward kernel call: (out, softmax_lse (nheads, total_q), None, None); no
+    autograd. ``block_table``: paged keys and values, as flash_attn_varlen_func takes them; ``zero_tensors`` zeroes
+    out first (rows past the last sequence stay 0)."""
+    checks.not_implemented(dropout_p=dropout_p, leftpad_k=leftpad_k, seqused_k=seqused_k)
+    if return_softmax:
+        raise NotImplementedError("return_softmax (the attention probabilities) is not supported by flashtile: "
+                                  "its kernels never form them")
+    with torch.no_grad():
+        out, lse, _ = api.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 0.0, softmax_scale, causal, (window_size_left, window_size_right),
+                                                 softcap, alibi_slopes, return_attn_probs=True,
+                                                 block_table=block_table)
+    if zero_tensors:
+        rows = torch.arange(out.shape[0], device=out.device)
+        out.masked_fill_((rows >= cu_seqlens_q[-1])[:, None, None], 0.0)
+    return out, lse, None, None
+
+
+def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                                max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left,
+                                window_size_right, softcap, alibi_slopes, deterministic, rng_state=None,
+                                zero_tensors=False):
+    """flash-attn 2.6-2.8's packed-sequence backward kernel call: dq, dk, dv written in place as _flash_attn_backward
+    writes them (rows of no sequence get 0); returns softmax_d (nheads, total_q), the delta the kernels computed."""
+    checks.not_implemented(dropout_p=dropout_p)
+    window = checks.window((window_size_left, window_size_right), causal)
+    scale = checks.softmax_scale(softmax_scale, q.shape[-1])
+    *grads, delta = ops.attention_backward(dout, q, k, v, out, softmax_lse, scale, window, True, deterministic,
+                                           cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                            softcap=softcap, alibi_slopes=alibi_slopes, grads_out=(dq, dk, dv),
                                            return_delta=True)
     for target, grad in zip((dq, dk, dv), grads):
@@ -114,7 +156,10 @@ def install():
                  flash_attn_varlen_kvpacked_func=api.flash_attn_varlen_kvpacked_func,
                  flash_attn_with_kvcache=api.flash_attn_with_kvcache)
     interface = _module("flash_attn.flash_attn_interface", _flash_attn_forward=_flash_attn_forward,
-                        _flash_attn_backward=_flash_attn_backward, _get_block_size_n=_get_block_size_n, **entry)
+                        _flash_attn_backward=_flash_attn_backward,
+                        _flash_attn_varlen_forward=_flash_attn_varlen_forward,
+                        _flash_attn_varlen_backward=_flash_attn_varlen_backward,
+                        _get_block_size_n=_get_block_size_n, **entry)
     padding = _module("flash_attn.bert_padding", unpad_input=unpad_input, pad_input=pad_input)
     rotary = _module("flash_attn.layers.rotary", apply_rotary_emb=apply_rotary_emb)
     layers = _module("flash_attn.layers", rotary=rotary, __path__=[])

@@ -109,3 +109,35 @@ def test_apply_rotary_emb(offsets, interleaved):
             apply_rotary_emb(x.float().requires_grad_(), cos, sin)
         with pytest.raises(NotImplementedError, match="dropout"):
             _get_block_size_n(x.device, 64, True, False)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_private_varlen_forward_and_backward_equal_flash_attn_varlen_func(causal):
+    """_flash_attn_varlen_forward / _flash_attn_varlen_backward as ring-flash-attention's varlen functions call them
+    (flash-attn 2.6-2.8's signatures): out and the (nheads, total_q) LSE, then dq, dk, dv written into the given
+    buffers, equal to flash_attn_varlen_func's forward and autograd (GQA, a sequence without keys, rows past the last
+    sequence, zero_tensors); options flashtile lacks raise NotImplementedError naming them."""
+    from helpers import varlen_inputs
+    q, k, v, cu_q, cu_k = varlen_inputs([17, 9, 30], [25, 0, 30], 4, 2, 32, torch.float16)
+    q = torch.cat([q, randn(3, 4, 32, dtype=torch.float16)])  # rows of no sequence
+    dout = randn(*q.shape, dtype=torch.float16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want, want_lse, _ = flashtile.flash_attn_varlen_func(*leaves, cu_q, cu_k, 30, 30, causal=causal,
+                                                         return_attn_probs=True)
+    want_grads = torch.autograd.grad(want, leaves, dout)
+    with shim.installed():
+        from flash_attn.flash_attn_interface import _flash_attn_varlen_backward, _flash_attn_varlen_forward
+        out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, 30, 30, 0.0, 32 ** -0.5, causal,
+                                                    zero_tensors=True)
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        delta = _flash_attn_varlen_backward(dout, q, k, v, out, lse, *grads, cu_q, cu_k, 30, 30, 0.0, 32 ** -0.5,
+                                            causal, -1, -1, 0.0, None, False)
+        for option in ("leftpad_k", "seqused_k"):
+            with pytest.raises(NotImplementedError, match=option):
+                _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, 30, 30, 0.0, None, causal,
+                                           **{option: cu_k[1:] - cu_k[:-1]})
+    assert torch.equal(out[:56], want.detach()[:56]) and not out[56:].any()
+    assert torch.equal(lse[:, :56], want_lse[:, :56])
+    for got, expected in zip(grads, want_grads):
+        assert torch.equal(got, expected)
+    torch.testing.assert_close(delta[:, :56], (dout.float() * out.float()).sum(-1).t()[:, :56])
