@@ -50,9 +50,7 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     *grads, delta = ops.attention_backward(dout, q, k, v, out, softmax_lse, scale, window, True, deterministic,
                                            softcap=softcap, alibi_slopes=alibi_slopes, grads_out=(dq, dk, dv),
                                            return_delta=True)
-    for target, grad in zip((dq, dk, dv), grads):
-        if target is not None and target is not grad:
-            target.copy_(grad)
+    _copy_into((dq, dk, dv), grads)
     return delta
 
 
@@ -91,10 +89,15 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
                                            cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                            softcap=softcap, alibi_slopes=alibi_slopes, grads_out=(dq, dk, dv),
                                            return_delta=True)
-    for target, grad in zip((dq, dk, dv), grads):
+    _copy_into((dq, dk, dv), grads)
+    return delta
+
+
+def _copy_into(targets, grads):
+    """The gradients into the caller's buffers the kernels could not write (strided ones)."""
+    for target, grad in zip(targets, grads):
         if target is not None and target is not grad:
             target.copy_(grad)
-    return delta
 
 
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
