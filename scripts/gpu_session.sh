@@ -25,7 +25,7 @@ for step in "$@"; do
                 timeout 150 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/$f.py \
                   2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
               done
-              timeout 150 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf \
+              timeout 240 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf \
                 --ignore-glob "tests/kernels/*/test_[bdf]*.py" tests 2>&1 | grep -E "passed|failed|FAILED|Error" \
                 | tee -a "$out/tier.log" ;;
     tier-fwd) heavy="q_in_registers or o_through_the_last_k_tile or claims"  # out of memory at -n 12
