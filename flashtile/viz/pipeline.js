@@ -86,6 +86,14 @@
     $("window").textContent = "showing " + (from / clock).toFixed(2) + "–" + (to / clock).toFixed(2) + " µs of " +
       (span / clock).toFixed(2) + " µs";
     const n = numbers(program);
+    const pct = (x) => (100 * x).toFixed(1) + "%";
+    $("verdict").textContent = "In this program (CTA " + program.cta + ", " + n.span_us.toFixed(2) + " µs), the " +
+      "tensor cores had products in flight " + pct(n.tensor_busy) + " of the time. A consumer waited " +
+      n.kv_wait_ns.toFixed(1) + " ns on average for its next K/V tile (" + pct(n.kv_wait_share) + " of its time), " +
+      "while the loader waited " + n.stage_wait_ns.toFixed(1) + " ns on average for a stage to free up: " +
+      (n.stage_wait_ns > n.kv_wait_ns ? "the loads run ahead of the arithmetic, which sets the pace." :
+        "the arithmetic waits on the loads here.") + " The softmax took " + pct(n.softmax_share) +
+      " of a consumer's time, under the other consumer's products.";
     $("numbers").innerHTML = "<tr><th>what</th><th>value</th></tr>" + LABELS.map(([key, label, fmt]) =>
       '<tr><td style="text-align:left">' + label + '</td><td id="number-' + key + '">' + fmt(n[key]) + "</td></tr>")
       .join("");

@@ -256,5 +256,8 @@ def test_pipeline_page_shows_the_numbers_of_its_trace(browser, tmp_path):
         assert shown == {key: fmt.format(numbers[key]) for key, fmt in formats.items()}
         bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
         assert len(bars) == sum(len(lane["events"]) for lane in recorded["programs"][index]["lanes"])
+        verdict = browser.find_element(By.ID, "verdict").text  # the numbers in words, over the picture
+        assert f"{100 * numbers['tensor_busy']:.1f}%" in verdict and f"{numbers['kv_wait_ns']:.1f} ns" in verdict
+        assert f"{numbers['stage_wait_ns']:.1f} ns" in verdict and "loads run ahead" in verdict
     assert browser.find_element(By.ID, "number-span_us").text == "0.28"  # the second program, twice as slow
     assert_no_js_errors(browser)
