@@ -59,8 +59,8 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
                                seqused_k=None, zero_tensors=False):
     """flash-attn 2.6-2.8's packed-sequence forward kernel call: (out, softmax_lse (nheads, total_q), None, None); no
-    autograd. ``block_table``: paged keys and values, as flash_attn_varlen_func takes them; ``zero_tensors`` zeroes
-    out first (rows past the last sequence stay 0)."""
+    autograd. ``block_table``: paged keys and values, as flash_attn_varlen_func takes them; with ``zero_tensors`` the
+    rows of out past the last sequence come out 0."""
     checks.not_implemented(dropout_p=dropout_p, leftpad_k=leftpad_k, seqused_k=seqused_k)
     if return_softmax:
         raise NotImplementedError("return_softmax (the attention probabilities) is not supported by flashtile: "
