@@ -140,9 +140,11 @@ def record(path, seqlen=4096, head_dim=128, nheads=16, programs=2):
         proton.start(name, data="trace", backend="instrumentation", mode=proton.mode.Default(buffer_type="global"))
         ops.attention_forward(q, k, v, head_dim ** -0.5, (-1, -1), True)
         torch.cuda.synchronize()
-        proton.finalize()
-        with open(name + ".chrome_trace") as f:
-            chrome = json.load(f)
+        proton.finalize(output_format="chrome_trace")
+        written = sorted(Path(folder).glob("pipeline*"))
+        if not written:
+            raise RuntimeError(f"Proton wrote no trace into {folder}")
+        chrome = json.loads(written[0].read_text())
         clock = _sm_clock_mhz()
     fwd_launch._REPLAYS.replays.clear()
     meta = dict(kernel=plan.kernel, config=repr(plan.config), batch=1, nheads=nheads, seqlen=seqlen,
