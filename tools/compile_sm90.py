@@ -1,8 +1,9 @@
 """Compile the kernels for sm90 on a machine without a GPU (ptxas ships with triton) and report each
 tile config's shared memory and instruction mix. Used by tests/tools/test_compile_sm90.py.
 
-    TRITON_INTERPRET=0 python tools/compile_sm90.py [--decode] [--shard K/N]
+    TRITON_INTERPRET=0 python tools/compile_sm90.py [--decode] [--shard K/N] [--proton]
 """
+import contextlib
 import json
 import os
 import re
@@ -70,7 +71,7 @@ def compile_kernel(kernel, tensors, consts, cfg, varlen, dtype="bf16", heads=1):
                 wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 tma_loads=ptx.count("cp.async.bulk.tensor"),
                 local=ptx.count("ld.local") + ptx.count("st.local"),
-                tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"))
+                tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"), clock_reads=ptx.count("%clock"))
 
 
 def consts_for(head_dim, cfg, varlen, causal, **extra):
@@ -250,6 +251,7 @@ def _compile_gluon(kernel, args, kwargs):
                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
                 local=int(spills.group(1)) if spills else -1,
                 tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"), setmaxnreg=ptx.count("setmaxnreg"),
+                clock_reads=ptx.count("%clock"),  # Proton's records (flashtile/viz/pipeline.py); none when off
                 serialized="serialized" in report, atomics=ptx.count("atom.global") + ptx.count("red.global"),
                 mbarrier_reuse=mbarrier_reuse(ptx),
                 global_stores={"all": ptx.count("st.global"), "v2": ptx.count("st.global.v2"),
@@ -290,6 +292,39 @@ def mbarrier_reuse(ptx):
     return sorted(hits)
 
 
+@contextlib.contextmanager
+def proton_records(max_shared=232448):
+    """Compiles in this block carry the Proton records of the kernels' ``pl.scope`` phases, as they do at a launch under
+    proton.start(backend="instrumentation", mode=Default(buffer_type="global")) (no GPU here: its passes are set up
+    by hand), into a private Triton cache: such a compile keeps the cache key of one without records."""
+    from triton._C.libtriton import passes, proton
+    from triton.backends import backends
+    from triton.profiler import mode
+    from triton.profiler.flags import flags
+    from triton.profiler.hooks.instrumentation import Instrumentation
+
+    records = mode.Default(buffer_type="global")
+
+    def to_llvmir(pm):
+        proton.add_convert_proton_to_protongpu(pm, records.metric_type, records.sampling_strategy,
+                                               records.sampling_options, records.granularity, records.buffer_strategy,
+                                               records.buffer_type, records.buffer_size, max_shared, 1, 128, True)
+        passes.common.add_cse(pm)
+        proton.add_allocate_proton_shared_memory(pm)
+
+    def to_llvm(pm):
+        proton.add_allocate_proton_global_scratch_buffer(pm)
+        proton.add_convert_proton_nvidia_gpu_to_llvm(pm)
+    compiler, cache = backends["nvidia"].compiler, triton.knobs.cache.dir
+    with tempfile.TemporaryDirectory() as private:
+        flags.instrumentation_on, triton.knobs.cache.dir = True, private
+        compiler.instrumentation = Instrumentation({"ttgpuir_to_llvmir": to_llvmir, "llvmir_to_llvm": to_llvm})
+        try:
+            yield
+        finally:
+            flags.instrumentation_on, triton.knobs.cache.dir, compiler.instrumentation = False, cache, {}
+
+
 def _ptxas():
     from triton.backends.nvidia import compiler
     return compiler.get_ptxas(90).path
@@ -302,7 +337,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--decode", action="store_true")
     parser.add_argument("--shard", default="0/1")
+    parser.add_argument("--proton", action="store_true",
+                        help="the forward flashtile viz --pipeline --record runs, with Proton's records in it")
     args = parser.parse_args(argv)
+    if args.proton:
+        with proton_records():
+            json.dump([compile_hopper_fwd(128, False, configs.FWD_HOPPER[(128, False)], 4096)], sys.stdout)
+        return
     k, n = map(int, args.shard.split("/"))
     jobs = [(compile_decode, launch) for launch in decode_launches()] if args.decode else shipped_jobs()
     json.dump([fn(*fn_args) for fn, fn_args in jobs[k::n]], sys.stdout, indent=None)

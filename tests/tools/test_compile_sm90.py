@@ -46,6 +46,7 @@ def test_forward_compiles_for_sm90():
         spill_limit = 124 if row["kernel"] == "flash_fwd_hopper_kernel" else 0
         assert row["local"] <= spill_limit, f"spills to local memory: {row}"
         assert row["shared"] <= SM90_SHARED_LIMIT, row
+        assert row["clock_reads"] == 0, row  # Proton's records (pl.scope) compile to nothing unless they are on
         if row["kernel"] == "flash_fwd_hopper_kernel":  # warp-specialized, asynchronous wgmma kept asynchronous
             assert row["setmaxnreg"] > 0 and not row["serialized"], row
             assert not row["mbarrier_reuse"], row  # no scratch in a live barrier (docs/perf/forward.md v33)
@@ -53,6 +54,19 @@ def test_forward_compiles_for_sm90():
                 assert row["tma_stores"] == 2 and row["global_stores"]["v4"] == 0, row
                 # P·V takes P from registers; with q_regs Q·Kᵀ takes Q from registers too
                 assert row["wgmma_rs"] == (row["wgmma"] if row["q_regs"] else row["wgmma"] // 2), row
+
+
+def test_the_recorded_forward_compiles_with_protons_records():
+    """The forward `flashtile viz --pipeline --record` runs (D=128, not causal, 4k keys), with Proton's records of its
+    phases compiled in (tools/compile_sm90.py --proton): the records are there, and it compiles as shipped: no
+    spills, its wgmma asynchronous, its registers reallocated, in shared memory."""
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon forward needs triton 3.6")
+    (row, ) = _compile_in_shards("--proton", shards=1)
+    assert row["kernel"] == "flash_fwd_hopper_kernel" and row["clock_reads"] > 0, row
+    assert row["local"] == 0 and not row["serialized"] and row["setmaxnreg"] > 0, row
+    assert row["shared"] <= SM90_SHARED_LIMIT, row
 
 
 def test_every_decode_launch_compiles_for_sm90():
