@@ -110,7 +110,10 @@
       '">·</span> ' + s + ": " + MEANING[s]).join(" &nbsp; ");
     const m = TRACE.meta;
     $("meta").textContent = m.kernel + ", " + m.config + "; batch " + m.batch + ", " + m.nheads + " heads, N=" +
-      m.seqlen + ", D=" + m.head_dim + ", " + m.dtype + "; " + m.gpu + " at " + m.clock_mhz + " MHz";
+      m.seqlen + ", D=" + m.head_dim + ", " + m.dtype + "; " + m.gpu + " at " + m.clock_mhz + " MHz" +
+      (m.recorded_launch_us && m.unrecorded_launch_us ? ". The recorded launch took " +
+        m.recorded_launch_us.toFixed(1) + " µs; without the records the same launch takes " +
+        m.unrecorded_launch_us.toFixed(1) + " µs." : "");
     $("units").textContent = "times from SM clock cycles at " + clock + " MHz; shares are of the program's time";
     for (const id of ["program", "zoom", "pan"]) {
       for (const kind of ["input", "change"]) $(id).addEventListener(kind, draw);

@@ -6,7 +6,8 @@ its softmax and its epilogue). They compile to nothing unless Proton's instrumen
 for one launch on an sm90 GPU and keeps, of a few programs, the loader warp and the first warp of each consumer
 warpgroup (the other warps of a warpgroup run the same code). The trace file is JSON:
 
-    {"meta": {shape, config, clock_mhz, ...}, "scopes": [names], "programs": [{"cta": i, "lanes": [
+    {"meta": {shape, config, clock_mhz, the launch's µs with and without the records, ...}, "scopes": [names],
+     "programs": [{"cta": i, "lanes": [
         {"warp": w, "role": "loader" | "consumer 0" | ..., "events": [[scope index, start, end], ...]}]}]}
 
 times in SM clock cycles from the program's first record. ``summary`` reads the numbers the page shows off it.
@@ -28,12 +29,16 @@ def from_proton(chrome_trace, meta, programs=2):
     """Our trace of ``programs`` programs (CTAs) out of Proton's Chrome trace of one launch (a dict: its
     ``traceEvents``, pid "<kernel> Core<sm> CTA<cta>", tid "warp <w> (line <l>)", ts and dur in cycles / 1000)."""
     scopes = list(LOADER_SCOPES + CONSUMER_SCOPES)
-    by_cta = {}
+    by_cta, starts, ends = {}, [], []
     for event in chrome_trace["traceEvents"]:
         cta = re.search(r"CTA(\d+)", str(event.get("pid", "")))
         warp = re.match(r"warp (\d+)", str(event.get("tid", "")))
         if event.get("ph") != "X" or not cta or not warp or event.get("name") not in scopes:
             continue
+        args = event.get("args", {})  # each program's start and end on the global timer, where Proton gives them
+        if "Init Time (ns)" in args and "Post Final Time (ns)" in args:
+            starts.append(args["Init Time (ns)"])
+            ends.append(args["Post Final Time (ns)"])
         start = round(event["ts"] * 1000)
         warps = by_cta.setdefault(int(cta.group(1)), {})
         warps.setdefault(int(warp.group(1)), []).append([scopes.index(event["name"]), start,
@@ -48,6 +53,8 @@ def from_proton(chrome_trace, meta, programs=2):
         for lane in lanes:
             lane["events"] = [[s, a - origin, b - origin] for s, a, b in sorted(lane["events"], key=lambda e: e[1])]
         out.append({"cta": cta, "lanes": lanes})
+    if starts:
+        meta = dict(meta, recorded_launch_us=(max(ends) - min(starts)) / 1000)
     return {"meta": meta, "scopes": scopes, "programs": out}
 
 
@@ -126,6 +133,7 @@ def record(path, seqlen=4096, head_dim=128, nheads=16, programs=2):
     import tempfile
 
     import torch
+    import triton
     import triton.profiler as proton
 
     from .. import dispatch, ops
@@ -134,6 +142,7 @@ def record(path, seqlen=4096, head_dim=128, nheads=16, programs=2):
         raise RuntimeError("recording the pipeline needs an sm90 GPU (H100/H200)")
     q, k, v = (torch.randn(1, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     plan = dispatch.forward(q, k, v, (-1, -1))
+    unrecorded_ms = triton.testing.do_bench(lambda: ops.attention_forward(q, k, v, head_dim ** -0.5, (-1, -1), True))
     fwd_launch._REPLAYS.replays.clear()  # a replay would launch the kernel compiled without the records
     with tempfile.TemporaryDirectory() as folder:
         name = os.path.join(folder, "pipeline")
@@ -148,7 +157,8 @@ def record(path, seqlen=4096, head_dim=128, nheads=16, programs=2):
         clock = _sm_clock_mhz()
     fwd_launch._REPLAYS.replays.clear()
     meta = dict(kernel=plan.kernel, config=repr(plan.config), batch=1, nheads=nheads, seqlen=seqlen,
-                head_dim=head_dim, causal=False, dtype="bf16", gpu=torch.cuda.get_device_name(), clock_mhz=clock)
+                head_dim=head_dim, causal=False, dtype="bf16", gpu=torch.cuda.get_device_name(), clock_mhz=clock,
+                unrecorded_launch_us=1000 * unrecorded_ms)
     trace = from_proton(chrome, meta, programs)
     Path(path).write_text(json.dumps(trace, separators=(",", ":")))
     return trace

@@ -260,4 +260,6 @@ def test_pipeline_page_shows_the_numbers_of_its_trace(browser, tmp_path):
         assert f"{100 * numbers['tensor_busy']:.1f}%" in verdict and f"{numbers['kv_wait_ns']:.1f} ns" in verdict
         assert f"{numbers['stage_wait_ns']:.1f} ns" in verdict and "loads run ahead" in verdict
     assert browser.find_element(By.ID, "number-span_us").text == "0.28"  # the second program, twice as slow
+    recorded = browser.find_element(By.ID, "meta").text  # what the records cost the launch
+    assert "recorded launch took 4.0 µs" in recorded and "takes 3.5 µs" in recorded  # two programs: 0 to 4000 ns
     assert_no_js_errors(browser)
