@@ -14,8 +14,9 @@ _HERE = Path(__file__).parent
 
 
 def fill_template(template, **values):
-    """The text of a template beside this file with each {{KEY}} replaced by its value."""
-    html = (_HERE / template).read_text()
+    """The text of a template beside this file with each {{KEY}} replaced by its value; {{FOOTER}} is footer.html (the
+    error line, the page's data as the constant NAME, its script)."""
+    html = (_HERE / template).read_text().replace("{{FOOTER}}", (_HERE / "footer.html").read_text())
     for key, value in values.items():
         html = html.replace("{{" + key + "}}", value)
     return html
@@ -59,7 +60,7 @@ def title(trace):
 
 def render(trace):
     """The step-through page of one trace, as an HTML string."""
-    return fill_template("page.html", TITLE=title(trace), INTRO=INTROS.get(trace.algo, ""),
+    return fill_template("page.html", NAME="TRACE", TITLE=title(trace), INTRO=INTROS.get(trace.algo, ""),
                          STYLE=(_HERE / "style.css").read_text(), DATA=script_json(trace.to_json()),
                          SCRIPT=(_HERE / "page.js").read_text())
 
@@ -68,5 +69,5 @@ def playground(seqlen=6, head_dim=4, seed=0):
     """The interactive attention playground, as an HTML string."""
     rng = np.random.default_rng(seed)
     data = {name: np.round(rng.standard_normal((seqlen, head_dim)), 2).tolist() for name in ("Q", "K", "V")}
-    return fill_template("playground.html", STYLE=(_HERE / "style.css").read_text(), DATA=script_json(data),
-                         SCRIPT=(_HERE / "playground.js").read_text())
+    return fill_template("playground.html", NAME="DATA", STYLE=(_HERE / "style.css").read_text(),
+                         DATA=script_json(data), SCRIPT=(_HERE / "playground.js").read_text())

@@ -62,7 +62,7 @@ def _lanes(warps, scopes):
     """The loader warp (the one that loads K) and the first warp of each consumer warpgroup (warps that issue
     products, four to a warpgroup), each with its role."""
     loads, issues = scopes.index("load K"), scopes.index("issue MMA")
-    loader = [w for w, events in warps.items() if any(e[0] == loads for e in events)]
+    loader = sorted(w for w, events in warps.items() if any(e[0] == loads for e in events))
     consumers = sorted(w for w, events in warps.items() if any(e[0] == issues for e in events))
     firsts = sorted({w // 4 * 4 for w in consumers})
     lanes = [{"warp": w, "role": "loader", "events": warps[w]} for w in loader[:1]]
@@ -189,5 +189,6 @@ def title(trace):
 
 def render(trace):
     """The pipeline page of a recorded trace, as an HTML string."""
-    return fill_template("pipeline.html", TITLE=title(trace), STYLE=(HERE / "style.css").read_text(),
-                         DATA=script_json(trace), SCRIPT=(HERE / "pipeline.js").read_text())
+    return fill_template("pipeline.html", NAME="TRACE", TITLE=title(trace),
+                         STYLE=(HERE / "style.css").read_text(), DATA=script_json(trace),
+                         SCRIPT=(HERE / "pipeline.js").read_text())
