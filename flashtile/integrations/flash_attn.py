@@ -59,8 +59,8 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
                                seqused_k=None, zero_tensors=False):
     """flash-attn 2.6-2.8's packed-sequence forward kernel call: (out, softmax_lse (nheads, total_q), None, None); no
-    autograd. ``block_table``: paged keys and values, as flash_attn_varlen_func takes them; with ``zero_tensors`` the
-    rows of out past the last sequence come out 0."""
+    autograd. ``block_table``: paged keys and values, as flash_attn_varlen_func takes them. ``zero_tensors`` changes
+    nothing: the rows of out past the last sequence always come out 0 (ops.attention_forward)."""
     checks.not_implemented(dropout_p=dropout_p, leftpad_k=leftpad_k, seqused_k=seqused_k)
     if return_softmax:
         raise NotImplementedError("return_softmax (the attention probabilities) is not supported by flashtile: "
@@ -70,9 +70,6 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                                  0.0, softmax_scale, causal, (window_size_left, window_size_right),
                                                  softcap, alibi_slopes, return_attn_probs=True,
                                                  block_table=block_table)
-    if zero_tensors:
-        rows = torch.arange(out.shape[0], device=out.device)
-        out.masked_fill_((rows >= cu_seqlens_q[-1])[:, None, None], 0.0)
     return out, lse, None, None
 
 

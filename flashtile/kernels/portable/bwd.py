@@ -326,15 +326,16 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=
     float32 (nheads, blocks) whose sum over blocks is d loss / d sink (else None)."""
     delta = torch.empty_like(lse)
     zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
-    nheads, head_dim = out.shape[-2], out.shape[-1]
-    is_varlen = cu_seqlens_q is not None
-    batch = cu_seqlens_q.numel() - 1 if is_varlen else out.shape[0]
-    grid = (cdiv(max(seqlen_q, 0 if zeros is None else zeros.shape[2]), 64), batch * nheads)
-    parts = None if sinks is None else torch.empty(nheads, batch * grid[0], device=out.device, dtype=torch.float32)
+    parts = None
+    if sinks is not None:  # a part per program, head-major
+        blocks_m, batch_heads = _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros)
+        parts = torch.empty(blocks_m * batch_heads, device=out.device, dtype=torch.float32).view(out.shape[-2], -1)
     tensors = (out, dout, delta, dlse, zeros, cu_seqlens_q, lse, sinks, parts)
     key = launch_key(tensors, "delta", seqlen_q)
 
     def first():
+        nheads, head_dim = out.shape[-2], out.shape[-1]
+        is_varlen = cu_seqlens_q is not None
         lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
         dlse_strides = (0, 0, 0)
         if dlse is not None:  # any strides autograd hands over (an expanded gradient has zeros)
@@ -345,10 +346,16 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=
                 seqlen_q, nheads)
         kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=64, IS_VARLEN=is_varlen,
                       HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None, HAS_SINK=sinks is not None)
-        return Replay(bwd_preprocess_kernel, grid, args, kwargs,
+        return Replay(bwd_preprocess_kernel, _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros), args, kwargs,
                       ["O", "dO", "Delta", "dLSE", "dQacc", "cu_seqlens_q", "LSE", "Sinks", "SinkParts"])
     _REPLAYS.launch(key, out.device, tensors, first)
     return delta, zeros, parts
+
+
+def _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros):
+    """bwd_preprocess_kernel's grid: 64-row blocks of the longest sequence (or of zeros' rows), batch · heads."""
+    batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else out.shape[0]
+    return cdiv(max(seqlen_q, 0 if zeros is None else zeros.shape[2]), 64), batch * out.shape[-2]
 
 
 def launch_dq_cast(dq_acc, dq, scale):
