@@ -1,5 +1,6 @@
 """Screenshots of each visualization page for the docs (headless Chromium):
-    python scripts/screenshots.py  ->  docs/viz-<algo>.png (each of PAGES), docs/viz-playground.png"""
+    python scripts/screenshots.py  ->  docs/viz-<algo>.png (each of PAGES), docs/viz-playground.png,
+    docs/viz-pipeline.png (the shipped trace of the sm90 forward)"""
 import tempfile
 from pathlib import Path
 
@@ -8,7 +9,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from flashtile.trace import trace
-from flashtile.viz import playground, render
+from flashtile.viz import pipeline, playground, render
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = {"naive": (False, 20), "softmax": (False, 12), "fa1": (True, 25), "fa2": (True, 14), "fa2_bwd": (True, 40),
@@ -36,6 +37,10 @@ def main():
         driver.find_element(By.ID, "causal").click()
         driver.find_element(By.ID, "S-3-1").click()
         driver.save_screenshot(str(DOCS / "viz-playground.png"))
+        page = Path(tmp) / "pipeline.html"
+        page.write_text(pipeline.render(pipeline.load()))
+        driver.get(page.as_uri())
+        driver.save_screenshot(str(DOCS / "viz-pipeline.png"))
     driver.quit()
 
 

@@ -172,9 +172,9 @@ def _sm_clock_mhz():
     return float(answer.stdout.split()[0])
 
 
-def load(path=SHIPPED):
+def load(path=None):
     """A recorded trace (the one shipped with the package by default)."""
-    path = Path(path)
+    path = Path(SHIPPED if path is None else path)
     if not path.exists():
         raise FileNotFoundError(f"no recorded pipeline trace at {path}: record one on an sm90 GPU with "
                                 "`flashtile viz --pipeline --record`")

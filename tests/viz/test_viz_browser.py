@@ -263,3 +263,22 @@ def test_pipeline_page_shows_the_numbers_of_its_trace(browser, tmp_path):
     recorded = browser.find_element(By.ID, "meta").text  # what the records cost the launch
     assert "recorded launch took 4.0 µs" in recorded and "takes 3.5 µs" in recorded  # two programs: 0 to 4000 ns
     assert_no_js_errors(browser)
+
+
+def test_pipeline_page_of_the_shipped_trace(browser, tmp_path):
+    """The page of the trace that ships (recorded on an H200) shows, for each program, the numbers pipeline.summary
+    reads off the file, and a bar per recorded phase."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from flashtile.viz import pipeline
+    shipped = pipeline.load()
+    open_page(browser, tmp_path, pipeline.render(shipped), "pipeline")
+    Select(browser.find_element(By.ID, "zoom")).select_by_value("1")
+    for index, numbers in enumerate(pipeline.summary(shipped)["programs"]):
+        Select(browser.find_element(By.ID, "program")).select_by_index(index)
+        assert browser.find_element(By.ID, "number-tensor_busy").text == f"{numbers['tensor_busy']:.3f}"
+        assert browser.find_element(By.ID, "number-kv_wait_ns").text == f"{numbers['kv_wait_ns']:.1f}"
+        bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
+        assert len(bars) == sum(len(lane["events"]) for lane in shipped["programs"][index]["lanes"])
+    assert_no_js_errors(browser)
