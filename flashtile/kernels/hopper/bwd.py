@@ -48,6 +48,7 @@ from .common import (
     as_tensor,
     descriptor,
     register_operand_layout,
+    same_rows,
     store_rows,
     view_layout,
     views,
@@ -328,8 +329,7 @@ def supports(q, k, v, dout, window_size):
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
         return False
     layout_q, layout_k = view_layout(q, False), view_layout(k, False)
-    return (layout_q is not None and layout_k is not None and view_layout(dout, False) == layout_q
-            and view_layout(v, False) == layout_k)
+    return same_rows(view_layout(dout, False), layout_q) and same_rows(view_layout(v, False), layout_k)
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,

@@ -90,9 +90,10 @@ def store_rows(acc, Out, b, h_k, start_n, seqlen_k, stride_b, stride_n, stride_h
 
 
 def view_layout(t, varlen):
-    """((rows, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
-    reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim)
-    strides; None for any other."""
+    """((rows, width, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
+    reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim) strides; a
+    row may be longer than the view's width (q, k, v sliced out of one packed qkv, rows of 16-byte multiples); None
+    for any other."""
     return _layout_of(t.shape, t.stride(), varlen)
 
 
@@ -103,22 +104,28 @@ def _layout_of(shape, stride, varlen):
         return None
     if varlen:
         s_n, s_h = stride[0], stride[1]
-        if s_h != head_dim or s_n != shape[1] * head_dim:
+        if s_h != head_dim or s_n < shape[1] * head_dim or s_n % 8:
             return None
-        return (shape[0], s_n), 0, 0, head_dim
+        return (shape[0], shape[1] * head_dim, s_n), 0, 0, head_dim
     s_b, s_n, s_h = stride[0], stride[1], stride[2]
     batch, seqlen, nheads = shape[:3]
-    if s_h == head_dim and s_n == nheads * head_dim and s_b == seqlen * s_n:
-        return (batch * seqlen, s_n), seqlen, 0, head_dim
-    if s_n == head_dim and s_h == seqlen * head_dim and s_b == nheads * s_h:
-        return (batch * nheads * seqlen, head_dim), nheads * seqlen, seqlen, 0
+    if s_h == head_dim and s_n >= nheads * head_dim and s_n % 8 == 0 and s_b == seqlen * s_n:
+        return (batch * seqlen, nheads * head_dim, s_n), seqlen, 0, head_dim
+    if s_n >= head_dim and s_n % 8 == 0 and s_h == seqlen * s_n and s_b == nheads * s_h:
+        return (batch * nheads * seqlen, head_dim, s_n), nheads * seqlen, seqlen, 0
     return None
 
 
+def same_rows(a, b):
+    """Whether two view_layouts address a head's rows alike (the same row and column offsets serve both; their row
+    strides may differ, each descriptor has its own)."""
+    return a is not None and b is not None and a[0][:2] == b[0][:2] and a[1:] == b[1:]
+
+
 def view(t, shape):
-    """The 2-D (rows, row stride) view of ``t`` that view_layout found."""
-    rows, width = shape
-    return t.as_strided((rows, width), (width, 1))
+    """The 2-D (rows, width) view of ``t``, rows ``row stride`` apart, that view_layout found."""
+    rows, width, row_stride = shape
+    return t.as_strided((rows, width), (row_stride, 1))
 
 
 def descriptor(t, block_shape, layout):

@@ -24,7 +24,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LN2, LOG2E, online_softmax_step
 from ..common.replay import Replay, Replays, aligned, detach_descriptor
-from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
+from .common import GLUON_VERSION_OK, descriptor, same_rows, smem_layout, view, view_layout
 
 
 @aggregate
@@ -230,7 +230,7 @@ def supports(q, k_cache, v_cache):
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] == 128
             and q.shape[2] // k_cache.shape[2] * q.shape[1] <= 16
             and all(t.data_ptr() % 16 == 0 and view_layout(t, False) is not None for t in (k_cache, v_cache))
-            and view_layout(k_cache, False) == view_layout(v_cache, False))
+            and same_rows(view_layout(k_cache, False), view_layout(v_cache, False)))
 
 
 def launch_args(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, config, seqlen_new=0):
@@ -238,10 +238,11 @@ def launch_args(q, k_cache, v_cache, cache_seqlens, out, lse, softmax_scale, con
     without a GPU); ``config`` a configs.DecodeHopperConfig. ``lse`` None: not written."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
-    shape, k_rows_b, k_rows_h, k_col_h = view_layout(k_cache, False)
+    _, k_rows_b, k_rows_h, k_col_h = view_layout(k_cache, False)
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     layout = smem_layout(config.block_n, head_dim, dtype)
-    k_desc, v_desc = (descriptor(view(t, shape), [config.block_n, head_dim], layout) for t in (k_cache, v_cache))
+    k_desc, v_desc = (descriptor(view(t, view_layout(t, False)[0]), [config.block_n, head_dim], layout)
+                      for t in (k_cache, v_cache))
     lse_strides = (0, 0) if lse is None else lse.stride()[:2]
     args = (k_desc, v_desc, q, out, lse, cache_seqlens, *q.stride()[:3], *out.stride()[:3], *lse_strides, seqlen_q,
             seqlen_new, k_cache.shape[1], nheads_k, k_rows_b, k_rows_h, k_col_h, softmax_scale * LOG2E.value)

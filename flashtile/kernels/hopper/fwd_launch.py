@@ -6,7 +6,7 @@ from triton.experimental.gluon import language as gl
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, detach_descriptor, launch_key
 from ..common.tiles import cdiv, num_sms
-from .common import GLUON_VERSION_OK, descriptor, smem_layout, view, view_layout
+from .common import GLUON_VERSION_OK, descriptor, same_rows, smem_layout, view, view_layout
 from .fwd import flash_fwd_hopper_kernel
 from .fwd_bundles import FwdSwitches
 from .fwd_schedule import WG_M, counter_size, stream_counter, uses_claims, uses_frozen_max
@@ -14,11 +14,12 @@ from .fwd_schedule import WG_M, counter_size, stream_counter, uses_claims, uses_
 
 def supports(q, k, v, window_size):
     """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
-    causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read."""
+    causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read (V's rows addressed
+    like K's: the kernel reads both at the same coordinates)."""
     varlen = q.dim() == 3
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
-            and window_size[1] in (-1, 0)
-            and all(t.data_ptr() % 16 == 0 and view_layout(t, varlen) is not None for t in (q, k, v)))
+            and window_size[1] in (-1, 0) and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and view_layout(q, varlen) is not None and same_rows(view_layout(v, varlen), view_layout(k, varlen)))
 
 
 _REPLAYS = Replays()
@@ -70,8 +71,9 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     q2, k2, v2 = view(q, q_layout), view(k, k_layout), view(v, view_layout(v, varlen)[0])
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     # O by TMA stores where its 2-D view maps rows as Q's does (the same row and column offsets serve both)
-    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and view_layout(out, varlen) == view_layout(q, varlen))
-    o2 = view(out, q_layout) if stage_o else q2
+    o_layout = view_layout(out, varlen)
+    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and same_rows(o_layout, view_layout(q, varlen)))
+    o2 = view(out, o_layout[0]) if stage_o else q2
     descs = [descriptor(t, [block, head_dim], smem_layout(block, head_dim, dtype))
              for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n), (o2, WG_M.value))]
     if varlen:

@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 import torch
-from bwd_checks import assert_graph_replays_like_eager, check, check_sinks
-from helpers import DTYPE_IDS, randn
+from bwd_checks import assert_grads_close, assert_graph_replays_like_eager, check, check_sinks, gradients
+from helpers import DTYPE_IDS, randn, torch_attention
 
 import flashtile
-from flashtile import configs, dispatch
+from flashtile import configs, dispatch, reference
 from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
 
@@ -73,6 +73,8 @@ def test_supports_reads_do_like_q_and_v_like_k():
     unaligned = torch.randn(2 * 64 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 4, 128)
     assert not bwd_hopper.supports(q, k, v, unaligned, (-1, 0))
     assert not bwd_hopper.supports(q, k, v, dout, (128, 0))  # a sliding window
+    packed = torch.randn(2, 64, 3, 4, 128, dtype=torch.bfloat16)  # flash_attn_qkvpacked_func's, or a fused projection's
+    assert bwd_hopper.supports(*packed.unbind(2), dout, (-1, 0))
 
 
 class _Recorder:
@@ -255,6 +257,25 @@ def test_taken_for_the_shapes_it_covers():
         assert dispatch.backward(q, k, k, q, (128, 0), False).kernel == "portable/bwd.py"  # sliding window
     d96 = (t[..., :96] for t in (q, k, k, q))
     assert dispatch.backward(*d96, (-1, -1), False).kernel == "portable/bwd.py"
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_packed_qkv_read_in_place(head_dim, causal):
+    """flash_attn_qkvpacked_func's qkv (batch, seqlen, 3, nheads, headdim), whose q, k, v rows are 3 · nheads · headdim
+    apart: the sm90 forward and backward read them where they lie, O and dqkv against float64 within 2x of PyTorch's
+    own error."""
+    qkv = randn(2, 2048, 3, 8, head_dim, dtype=torch.bfloat16)  # (D=64 takes the sm90 forward from 2048 rows causal)
+    dout = randn(2, 2048, 8, head_dim, dtype=torch.bfloat16)
+    window = (-1, 0) if causal else (-1, -1)
+    assert dispatch.forward(*qkv.unbind(2), window).kernel == "hopper/fwd.py"
+    assert dispatch.backward(*qkv.unbind(2), dout, window, False).kernel == "hopper/bwd.py"
+    ours = gradients(lambda qkv: flashtile.flash_attn_qkvpacked_func(qkv, causal=causal), (qkv, ), dout)
+    ref = gradients(lambda qkv: reference.attention(*qkv.unbind(2), causal=causal)[0], (qkv, ), dout.double())
+    base = gradients(lambda qkv: torch_attention(*qkv.unbind(2), causal, window), (qkv, ), dout)
+    assert_grads_close(ours, ref, base)
 
 
 SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),

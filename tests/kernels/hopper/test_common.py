@@ -10,13 +10,20 @@ def _rows(view, row_base, col, n, head_dim):
     return view[row_base:row_base + n, col:col + head_dim]
 
 
-@pytest.mark.parametrize("layout", ["tokens-major", "heads-major"])
+def _strided(layout, batch, seqlen, nheads, head_dim):
+    if layout == "tokens-major":
+        return torch.randn(batch, seqlen, nheads, head_dim)
+    if layout == "heads-major":
+        return torch.randn(batch, nheads, seqlen, head_dim).transpose(1, 2)
+    if layout == "qkv-packed":  # k of flash_attn_qkvpacked_func's (batch, seqlen, 3, nheads, headdim)
+        return torch.randn(batch, seqlen, 3, nheads, head_dim)[:, :, 1]
+    return torch.randn(batch, nheads, seqlen, head_dim + 8)[..., :head_dim].transpose(1, 2)  # rows padded
+
+
+@pytest.mark.parametrize("layout", ["tokens-major", "heads-major", "qkv-packed", "heads-major-padded-rows"])
 def test_view_addresses_each_head(layout):
     batch, seqlen, nheads, head_dim = 3, 5, 4, 8
-    if layout == "tokens-major":
-        t = torch.randn(batch, seqlen, nheads, head_dim)
-    else:
-        t = torch.randn(batch, nheads, seqlen, head_dim).transpose(1, 2)
+    t = _strided(layout, batch, seqlen, nheads, head_dim)
     layout, rows_b, rows_h, col_h = hopper_common.view_layout(t, varlen=False)
     view = hopper_common.view(t, layout)
     assert view.data_ptr() == t.data_ptr() and view.stride(-1) == 1
@@ -26,9 +33,21 @@ def test_view_addresses_each_head(layout):
             assert torch.equal(got, t[b, :, h])
 
 
-def test_view_addresses_each_packed_sequence():
+def test_packed_slices_share_rows_with_a_contiguous_tensor():
+    """q, k, v sliced out of one qkv are addressed like a contiguous tensor of their shape (the backward reads dO at
+    Q's coordinates), with their own row stride."""
+    qkv = torch.randn(2, 7, 3, 4, 64)
+    dout = torch.randn(2, 7, 4, 64)
+    packed, plain = hopper_common.view_layout(qkv[:, :, 0], False), hopper_common.view_layout(dout, False)
+    assert hopper_common.same_rows(packed, plain) and packed != plain
+    assert not hopper_common.same_rows(plain, hopper_common.view_layout(dout.transpose(1, 2).contiguous()
+                                                                        .transpose(1, 2), False))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["contiguous", "qkv-packed"])
+def test_view_addresses_each_packed_sequence(packed):
     seqlens, nheads, head_dim = [2, 0, 5], 3, 16
-    t = torch.randn(sum(seqlens), nheads, head_dim)
+    t = torch.randn(sum(seqlens), 3, nheads, head_dim)[:, 2] if packed else torch.randn(sum(seqlens), nheads, head_dim)
     layout, _, _, col_h = hopper_common.view_layout(t, varlen=True)
     view = hopper_common.view(t, layout)
     start = 0
@@ -39,8 +58,9 @@ def test_view_addresses_each_packed_sequence():
 
 
 def test_views_the_kernel_cannot_read():
-    qkv = torch.randn(2, 7, 3, 4, 64)  # q, k, v interleaved: a head's rows are not evenly spaced in a view
-    assert hopper_common.view_layout(qkv[:, :, 0], varlen=False) is None
     assert hopper_common.view_layout(torch.randn(2, 7, 4, 64)[..., :32],
                                      varlen=False) is None  # a slice of the head dim
     assert hopper_common.view_layout(torch.randn(2, 7, 4, 64).transpose(-1, -2), varlen=False) is None
+    rows_of_72_bytes = torch.randn(2, 7, 36)[..., :32].unflatten(-1, (4, 8))  # a descriptor's rows are 16-byte steps
+    assert hopper_common.view_layout(rows_of_72_bytes, varlen=False) is None
+    assert hopper_common.view_layout(torch.randn(2, 4, 7, 64).transpose(1, 2)[:, ::2], varlen=False) is None

@@ -36,6 +36,20 @@ def test_supports_only_full_or_causal_half_precision():
     assert not fwd_launch.supports(q.float(), k.float(), v.float(), (-1, -1))
 
 
+@pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
+def test_supports_packed_qkv_and_refuses_v_addressed_unlike_k():
+    """Slices of one qkv (flash_attn_qkvpacked_func's (batch, seqlen, 3, nheads, headdim), SDPA on a fused projection
+    (batch, nheads, seqlen, headdim) views of it, packed varlen) read in place; V in another layout than K does not
+    (the kernel reads both at K's coordinates)."""
+    qkv = torch.randn(2, 64, 3, 4, 128, dtype=torch.bfloat16)
+    assert fwd_launch.supports(*qkv.unbind(2), (-1, 0))
+    sdpa = qkv.permute(2, 0, 3, 1, 4)  # as F.scaled_dot_product_attention gets them
+    assert fwd_launch.supports(*(t.transpose(1, 2) for t in sdpa), (-1, -1))
+    assert fwd_launch.supports(*torch.randn(100, 3, 4, 128, dtype=torch.bfloat16).unbind(1), (-1, 0))
+    q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    assert not fwd_launch.supports(q, k, v.transpose(1, 2).contiguous().transpose(1, 2), (-1, -1))
+
+
 def test_not_chosen_off_sm90():
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
     assert dispatch.hopper_forward_config(q, q, q, (-1, -1)) is None  # a CPU tensor: no sm90 here
