@@ -106,13 +106,24 @@
       const shown = steps[at];
       const entries = Object.entries(shown.state);
       $("state").textContent = entries.length ? "after step " + (at + 1) + " (" + shown.caption + ")\n" +
-        entries.map(([k, v]) => k + " = " + JSON.stringify(v)).join("\n") : "";
+        whose(shown) + entries.map(([k, v]) => k + " = " + JSON.stringify(v)).join("\n") : "";
     } else {
       $("state").textContent = "";
     }
     $("caption").textContent = last ? "Step " + current + ": " + last.caption : "Press play or step to begin.";
     $("scrub").value = current;
     $("position").textContent = current + " / " + steps.length;
+  }
+  function span(name, index) {  // "rows a–b" of a tensor's tile
+    const size = TRACE.tiles[name][0], first = index * size;
+    const last = Math.min(TRACE.shapes[name][0], first + size) - 1;
+    return name + " tile " + index + " (rows " + first + "–" + last + ")";
+  }
+  function whose(step) {  // which query rows (and keys) the running values belong to
+    if (!step.pair || !step.pair.length || !TRACE.tiles.Q || !TRACE.tiles.K) {
+      return step.program ? step.program + ":\n" : "";
+    }
+    return "of " + span("Q", step.pair[0]) + ", after " + span("K", step.pair[1]) + ":\n";
   }
   function play() {
     if (timer) return;

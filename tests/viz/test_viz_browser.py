@@ -282,3 +282,23 @@ def test_pipeline_page_of_the_shipped_trace(browser, tmp_path):
         bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
         assert len(bars) == sum(len(lane["events"]) for lane in shipped["programs"][index]["lanes"])
     assert_no_js_errors(browser)
+
+
+def test_running_values_say_whose_rows_they_are(browser, tmp_path):
+    """FlashAttention-2's m and l are labelled with the Q tile and query rows they belong to and the K/V tile folded in
+    last; a step without a score tile (the backward's dK) with its program."""
+    from selenium.webdriver.common.by import By
+    t = trace("fa2", seqlen=8, head_dim=4, block_m=2, block_n=2, causal=False)
+    open_page(browser, tmp_path, render(t), "state")
+    last = max(i for i, s in enumerate(t.steps) if s.state and s.pair == (1, 2))
+    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {last + 1};"
+                           "s.dispatchEvent(new Event('input'));")
+    state = browser.find_element(By.ID, "state").text
+    assert "of Q tile 1 (rows 2–3), after K tile 2 (rows 4–5):" in state and "m = [" in state
+    t = trace("fa2_bwd", seqlen=8, head_dim=4, block_m=2, block_n=2, causal=False)
+    open_page(browser, tmp_path, render(t), "state-bwd")
+    first = min(i for i, s in enumerate(t.steps) if "dK" in s.state)
+    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {first + 1};"
+                           "s.dispatchEvent(new Event('input'));")
+    assert browser.find_element(By.ID, "state").text.split("\n")[1] == t.steps[first].program + ":"
+    assert_no_js_errors(browser)
