@@ -96,7 +96,7 @@ for step in "$@"; do
       # (tools/flash_attn_conftest.py), FA_TESTS_S bounds the seconds; dropout cases are left out.
       pip install --no-deps -q .whl/einops-*.whl 2>&1 | tail -1
       cp tools/flash_attn_conftest.py .fa/conftest.py
-      (cd .fa && timeout -s INT "${FA_TESTS_S:-540}" python3 -m pytest -v -n 16 --dist worksteal -p no:cacheprovider --tb=line -rf \
+      (cd .fa && timeout -s INT "${FA_TESTS_S:-540}" python3 -m pytest -v -n 16 --dist worksteal -p no:cacheprovider --tb=line -rf --durations=40 \
          test_flash_attn.py -k "not 0.17 and (${FA_TESTS_K:-test_})" > "$out/fa-tests-full.log" 2>&1)
       python3 tools/fa_failures.py < "$out/fa-tests-full.log" \
         | tee -a "$out/flash-attn-tests.log"

@@ -137,7 +137,7 @@ def test_a_model_on_sdpa_trains_on_flashtile_within_pytorchs_error(causal):
 
     def run(model, dtype, backend, flashtile_on):
         model = model.to(dtype)
-        inputs = x.to(dtype).requires_grad_()
+        inputs = x.detach().to(dtype).clone().requires_grad_()  # a leaf of its own in every dtype
         model.zero_grad()
         on = flashtile.sdpa.enabled() if flashtile_on else contextlib.nullcontext()
         with on, sdpa_kernel(backend), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:

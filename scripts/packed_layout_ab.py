@@ -1,0 +1,66 @@
+"""q, k, v sliced out of one packed qkv (flash_attn_qkvpacked_func's layout, and SDPA's on a fused projection): the
+sm90 kernels reading them in place, against the portable kernels that served them before (run 50), against the same
+call on separate contiguous q, k, v, and against PyTorch's SDPA (FA2) on the fused layout; forward + backward, bf16,
+do_bench medians, turns taken in one process.
+
+    PYTHONPATH=. python3 scripts/packed_layout_ab.py [--turns 3]
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+
+import flashtile
+from flashtile import configs
+
+
+def step(fn, inputs, dout):
+    def run():
+        for t in inputs:
+            t.grad = None
+        fn().backward(dout)
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=3)
+    args = parser.parse_args()
+    print("| D | causal | N | row | ms (median of turns) | TFLOP/s |\n|---|---|---|---|---|---|")
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for seqlen in (2048, 8192):
+                batch, nheads = 16384 // seqlen, 2048 // head_dim
+                qkv = torch.randn(batch, seqlen, 3, nheads, head_dim, device="cuda", dtype=torch.bfloat16,
+                                  requires_grad=True)
+                q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=True) for _ in range(3))
+                dout = torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
+                fused = qkv.detach().permute(2, 0, 3, 1, 4).requires_grad_()  # (3, batch, nheads, seqlen, head_dim)
+                rows = {
+                    "packed, sm90 in place": (step(lambda: flashtile.flash_attn_qkvpacked_func(qkv, causal=causal),
+                                                   [qkv], dout), "auto"),
+                    "packed, portable (before)": (step(lambda: flashtile.flash_attn_qkvpacked_func(qkv, causal=causal),
+                                                       [qkv], dout), "portable"),
+                    "separate q, k, v": (step(lambda: flashtile.flash_attn_func(q, k, v, causal=causal), [q, k, v],
+                                              dout), "auto"),
+                    "SDPA (FA2), fused layout": (step(lambda: F.scaled_dot_product_attention(
+                        *fused, is_causal=causal).transpose(1, 2), [fused], dout), "auto"),
+                }
+                times = {name: [] for name in rows}
+                for _ in range(args.turns):
+                    for name, (fn, backend) in rows.items():
+                        configs.FWD_BACKEND = configs.BWD_BACKEND = backend
+                        times[name].append(triton.testing.do_bench(fn))
+                configs.FWD_BACKEND = configs.BWD_BACKEND = "auto"
+                flops = 4 * batch * nheads * seqlen * seqlen * head_dim * 3.5 / (2 if causal else 1)
+                for name, ms in times.items():
+                    m = statistics.median(ms)
+                    print(f"| {head_dim} | {causal} | {seqlen} | {name} | {m:.3f} | {flops / m / 1e9:.0f} |",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()
