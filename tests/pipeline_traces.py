@@ -3,17 +3,14 @@
 
 def proton_trace(ctas):
     """A Chrome trace in Proton's layout (pid "<kernel> Core<sm> CTA<i>", tid "warp <w> (line <l>)", ts and dur in
-    cycles / 1000, each program's start and end on the global timer in args) of {cta: {warp: [(scope, start cycle, end
-    cycle)]}}, programs starting 5000 cycles apart; on the global timer program i runs from 1000 i to 1000 i + 3000
-    ns."""
+    cycles / 1000) of {cta: {warp: [(scope, start cycle, end cycle)]}}, programs starting 5000 cycles apart."""
     events = [{"ph": "M", "name": "process_name", "pid": "Kernel Call Path", "args": {"name": "x"}}]
     for cta, warps in ctas.items():
         for warp, spans in warps.items():
             for name, a, b in spans:
                 events.append({"ph": "X", "name": name, "cat": "flash_fwd_hopper_kernel",
                                "pid": f"flash_fwd_hopper_kernel Core{cta + 7} CTA{cta}", "tid": f"warp {warp} (line 0)",
-                               "ts": (a + 5000 * cta) / 1000, "dur": (b - a) / 1000,
-                               "args": {"Init Time (ns)": 1000 * cta, "Post Final Time (ns)": 1000 * cta + 3000}})
+                               "ts": (a + 5000 * cta) / 1000, "dur": (b - a) / 1000})
     return {"displayTimeUnit": "ns", "traceEvents": events}
 
 

@@ -111,9 +111,9 @@
     const m = TRACE.meta;
     $("meta").textContent = m.kernel + ", " + m.config + "; batch " + m.batch + ", " + m.nheads + " heads, N=" +
       m.seqlen + ", D=" + m.head_dim + ", " + m.dtype + "; " + m.gpu + " at " + m.clock_mhz + " MHz" +
-      (m.recorded_launch_us && m.unrecorded_launch_us ? ". The recorded launch took " +
-        m.recorded_launch_us.toFixed(1) + " µs; without the records the same launch takes " +
-        m.unrecorded_launch_us.toFixed(1) + " µs." : "");
+      (m.unrecorded_launch_us ? ". The longest recorded program ran " +  // its SM's cycles: SMs share no clock
+        Math.max(...TRACE.programs.map((p) => numbers(p).span_us)).toFixed(1) + " µs (its SM's cycles at the clock " +
+        "above); without the records the whole launch takes " + m.unrecorded_launch_us.toFixed(1) + " µs." : "");
     $("units").textContent = "times from SM clock cycles at " + clock + " MHz; shares are of the program's time";
     for (const id of ["program", "zoom", "pan"]) {
       for (const kind of ["input", "change"]) $(id).addEventListener(kind, draw);

@@ -29,16 +29,12 @@ def from_proton(chrome_trace, meta, programs=2):
     """Our trace of ``programs`` programs (CTAs) out of Proton's Chrome trace of one launch (a dict: its
     ``traceEvents``, pid "<kernel> Core<sm> CTA<cta>", tid "warp <w> (line <l>)", ts and dur in cycles / 1000)."""
     scopes = list(LOADER_SCOPES + CONSUMER_SCOPES)
-    by_cta, starts, ends = {}, [], []
+    by_cta = {}
     for event in chrome_trace["traceEvents"]:
         cta = re.search(r"CTA(\d+)", str(event.get("pid", "")))
         warp = re.match(r"warp (\d+)", str(event.get("tid", "")))
         if event.get("ph") != "X" or not cta or not warp or event.get("name") not in scopes:
             continue
-        args = event.get("args", {})  # each program's start and end on the global timer, where Proton gives them
-        if "Init Time (ns)" in args and "Post Final Time (ns)" in args:
-            starts.append(args["Init Time (ns)"])
-            ends.append(args["Post Final Time (ns)"])
         start = round(event["ts"] * 1000)
         warps = by_cta.setdefault(int(cta.group(1)), {})
         warps.setdefault(int(warp.group(1)), []).append([scopes.index(event["name"]), start,
@@ -53,8 +49,6 @@ def from_proton(chrome_trace, meta, programs=2):
         for lane in lanes:
             lane["events"] = [[s, a - origin, b - origin] for s, a, b in sorted(lane["events"], key=lambda e: e[1])]
         out.append({"cta": cta, "lanes": lanes})
-    if starts:
-        meta = dict(meta, recorded_launch_us=(max(ends) - min(starts)) / 1000)
     return {"meta": meta, "scopes": scopes, "programs": out}
 
 

@@ -11,7 +11,6 @@ from flashtile.viz import pipeline
 def test_from_proton_keeps_the_loader_and_a_warp_of_each_consumer():
     trace = pipeline.from_proton(proton_trace({0: program(3), 1: program(0), 2: program(0)}), META, programs=2)
     assert [p["cta"] for p in trace["programs"]] == [0, 1]
-    assert trace["meta"]["recorded_launch_us"] == 5.0  # the three programs' span on the global timer: 0 to 5000 ns
     for p in trace["programs"]:
         assert [(lane["role"], lane["warp"]) for lane in p["lanes"]] == [("loader", 8), ("consumer 0", 0),
                                                                         ("consumer 1", 4)]

@@ -261,7 +261,7 @@ def test_pipeline_page_shows_the_numbers_of_its_trace(browser, tmp_path):
         assert f"{numbers['stage_wait_ns']:.1f} ns" in verdict and "loads run ahead" in verdict
     assert browser.find_element(By.ID, "number-span_us").text == "0.28"  # the second program, twice as slow
     recorded = browser.find_element(By.ID, "meta").text  # what the records cost the launch
-    assert "recorded launch took 4.0 µs" in recorded and "takes 3.5 µs" in recorded  # two programs: 0 to 4000 ns
+    assert "longest recorded program ran 0.3 µs" in recorded and "takes 3.5 µs" in recorded  # 280 cycles at 1 GHz
     assert_no_js_errors(browser)
 
 
@@ -281,6 +281,10 @@ def test_pipeline_page_of_the_shipped_trace(browser, tmp_path):
         assert browser.find_element(By.ID, "number-kv_wait_ns").text == f"{numbers['kv_wait_ns']:.1f}"
         bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
         assert len(bars) == sum(len(lane["events"]) for lane in shipped["programs"][index]["lanes"])
+    longest = max(p["span_us"] for p in pipeline.summary(shipped)["programs"])  # what the records cost, in words
+    meta = browser.find_element(By.ID, "meta").text
+    assert f"The longest recorded program ran {longest:.1f} µs" in meta
+    assert f"the whole launch takes {shipped['meta']['unrecorded_launch_us']:.1f} µs" in meta
     assert_no_js_errors(browser)
 
 
