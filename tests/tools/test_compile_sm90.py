@@ -228,6 +228,21 @@ def test_hopper_forward_spills_outside_the_key_loops():
         assert all(spills == 0 for _, _, spills in found), (head_dim, block_m, found)
 
 
+def test_hopper_backward_consumer_loops_keep_to_registers():
+    """The one-pass backward at D=128, both masks: each consumer warpgroup's step is one innermost loop with its
+    32 matrix-product instructions and 32 exponentials a thread (64 keys x 64 rows / 128 threads), and no local-memory
+    traffic (tools/sass_mix.inner_loops on the disassembly)."""
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernel is written against triton 3.6")
+    loops = _compiled_rows("[[(len(b), sum('MUFU.EX2' in t for t in b), sum('HGMMA' in t for t in b), "
+                           "sum('LDL' in t or 'STL' in t for t in b)) for _, b in __import__('sass_mix').inner_loops("
+                           "__import__('sass_mix').sass_of(128, c, None, 'bwd'))] for c in (False, True)]")
+    for found in loops:
+        steps = [loop for loop in found if loop[2] == 32 and loop[1] == 32]
+        assert len(steps) == 2 and all(local == 0 for *_, local in steps), found
+
+
 def test_hopper_decode_compiles_for_sm90():
     """kernels/hopper/decode.py, both configs on both cache layouts: warp-specialized (registers moved to the consumer
     warps), no
