@@ -7,7 +7,8 @@ each test function's cases left after -k, every n-th in collection order from th
 over every parameter), so that calls with i = 0, 1, … cover the file in turns. The cases are then ordered by what
 fixes the kernels they compile (head dim, dtype, masks): xdist hands each worker consecutive cases, which then share
 kernels, rather than sixteen workers compiling the same kernel at once (``--dist worksteal`` splits the list into
-consecutive parts)."""
+consecutive parts). Sixteen workers share one GPU's memory, so each hands its cached blocks back after every case.
+"""
 import os
 
 import pytest
@@ -36,3 +37,13 @@ def _kernel_key(item):
     params = item.callspec.params if hasattr(item, "callspec") else {}
     return (item.originalname, ) + tuple(str(params.get(name)) for name in _KERNEL_PARAMS)
 
+
+
+@pytest.fixture(autouse=True)
+def _free_cached_memory():
+    """After each case, PyTorch's caching allocator gives its free blocks back, so that a worker's largest case does
+    not hold memory the other fifteen need (run 50 lost five cases to out-of-memory that way)."""
+    yield
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
