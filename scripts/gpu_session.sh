@@ -2,7 +2,7 @@
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
-#        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record]
+#        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -118,6 +118,16 @@ for step in "$@"; do
       cp flashtile/viz/pipeline_trace.json "$out/" 2>/dev/null
       timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short tests/viz/test_pipeline.py 2>&1 | tail -20 \
         | tee -a "$out/pipeline-record.log" ;;
+    bwd-candidate)  # run 50's backward candidate (docs/results/bwd-loop-counters-run50.md) on this copy of the tree:
+      # the sm90 backward's GPU tests with it, then its A/B against this tree's bwd.py; the patch is taken back after
+      cp flashtile/kernels/hopper/bwd.py /tmp/bwd_before.py
+      if git apply docs/results/bwd-loop-counters-run50.patch 2> "$out/bwd-candidate.log"; then
+        timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf \
+          tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-candidate.log"
+        timeout 240 python3 scripts/bwd_hopper_ab.py --old /tmp/bwd_before.py --rounds 3 2>&1 \
+          | tee -a "$out/bwd-candidate.log"
+        git apply -R docs/results/bwd-loop-counters-run50.patch
+      fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac
