@@ -68,6 +68,19 @@ def _claimed(code_smem, q_bar, wg: gl.constexpr, done):
 
 
 @gluon.jit
+def _load_tile(sw, pb, desc, free, ready, bufs, g, j, k_row, h, SCOPE: gl.constexpr):
+    """K or V of the item's tile j (the launch's g-th) into ring stage g % STAGES of ``bufs`` once every consumer freed
+    it (timeline scopes "wait stage free" and ``SCOPE``)."""
+    stage = g % sw.STAGES
+    with pl.scope("wait stage free"):
+        mbarrier.wait(free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
+    with pl.scope(SCOPE):
+        mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
+                                        ready.index(stage), bufs.index(stage))
+
+
+@gluon.jit
 def _load_item(sw, ring, pb, q_desc, k_desc, v_desc, code, counter, claim, claimed, n_work, g, done, start_m, h,
                q_row, k_row, n_tiles):
     """One item: each consumer's Q rows once that consumer freed the previous ones (SCHEDULE 3: with the tile's
@@ -85,19 +98,8 @@ def _load_item(sw, ring, pb, q_desc, k_desc, v_desc, code, counter, claim, claim
             tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * WG_M, h * pb.views.q_col_h],
                                             ring.q_bar.index(i), ring.q.index(i))
     for j in range(n_tiles):
-        stage = g % sw.STAGES
-        with pl.scope("wait stage free"):
-            mbarrier.wait(ring.k_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
-        with pl.scope("load K"):
-            mbarrier.expect(ring.k_ready.index(stage), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
-                                            ring.k_ready.index(stage), ring.k.index(stage))
-        with pl.scope("wait stage free"):
-            mbarrier.wait(ring.v_free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
-        with pl.scope("load V"):
-            mbarrier.expect(ring.v_ready.index(stage), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
-                                            ring.v_ready.index(stage), ring.v.index(stage))
+        _load_tile(sw, pb, k_desc, ring.k_free, ring.k_ready, ring.k, g, j, k_row, h, "load K")
+        _load_tile(sw, pb, v_desc, ring.v_free, ring.v_ready, ring.v, g, j, k_row, h, "load V")
         g += 1
         if sw.SCHEDULE == 3:
             if claim and j == 0:
