@@ -50,18 +50,35 @@ def sass_of(head_dim, causal, cfg, kernel="fwd"):
         return subprocess.run([cuobjdump, "-sass", kept], capture_output=True, text=True, check=True).stdout
 
 
+def _instructions(sass):
+    """(address, instruction text) of each instruction in disassembled SASS."""
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def _back_edges(ins):
+    """(target, address) of every branch to an earlier address: a loop's span."""
+    edges = []
+    for addr, text in ins:
+        target = re.search(r"BRA (?:`\(.*?\) )?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            edges.append((int(target.group(1), 16), addr))
+    return edges
+
+
+def _local(body):
+    return sum(bool(re.search(r"\b(LDL|STL)\b", t)) for t in body)
+
+
 def key_loops(sass):
     """The K/V loops of the consumers in disassembled SASS: every backward branch's body of under 800 instructions
     that holds one tile step's exponentials and matrix products (32+ MUFU.EX2, 4+ HGMMA; a work item's loop is
     thousands long), as (first address, last address, local-memory loads and stores in it)."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ins = _instructions(sass)
     loops = []
-    for addr, text in ins:
-        m = re.search(r"BRA (?:`\(.*?\) )?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-            if len(body) < 800 and sum("MUFU.EX2" in t for t in body) >= 32 and sum("HGMMA" in t for t in body) >= 4:
-                loops.append((int(m.group(1), 16), addr, sum(bool(re.search(r"\b(LDL|STL)\b", t)) for t in body)))
+    for start, end in _back_edges(ins):
+        body = [t for a, t in ins if start <= a <= end]
+        if len(body) < 800 and sum("MUFU.EX2" in t for t in body) >= 32 and sum("HGMMA" in t for t in body) >= 4:
+            loops.append((start, end, _local(body)))
     return loops
 
 
@@ -73,12 +90,8 @@ def inner_loops(sass):
     """Every innermost loop of over 40 instructions, as (first address, instructions) in program order: a backward
     branch's span with no other loop's back edge inside it (ptxas lays some code out past a loop's back edge, so spans
     overlap without nesting; the waits' short spin loops do not count)."""
-    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    spans = []
-    for addr, text in ins:
-        target = re.search(r"BRA (?:`\(.*?\) )?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < addr:
-            spans.append((int(target.group(1), 16), addr))
+    ins = _instructions(sass)
+    spans = _back_edges(ins)
     inner = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a < d < b and d - c > 0x100 for c, d in spans)]
     loops = [(a, [t for x, t in ins if a <= x <= b]) for a, b in sorted(set(inner))]
     return [(a, body) for a, body in loops if len(body) > 40]
@@ -102,9 +115,8 @@ def main():
         print("\n| loop at | instructions | MUFU | HGMMA | local ld/st | most frequent |\n|---|---|---|---|---|---|")
         for start, body in inner_loops(sass):
             mix = collections.Counter(_opcode(t) for t in body)
-            local = sum(bool(re.search(r"\b(LDL|STL)\b", t)) for t in body)
             top = ", ".join(f"{op} {n}" for op, n in mix.most_common(6))
-            print(f"| {start:#x} | {len(body)} | {mix['MUFU']} | {mix['HGMMA']} | {local} | {top} |")
+            print(f"| {start:#x} | {len(body)} | {mix['MUFU']} | {mix['HGMMA']} | {_local(body)} | {top} |")
 
 
 if __name__ == "__main__":
