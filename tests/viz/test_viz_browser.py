@@ -38,6 +38,12 @@ def open_page(browser, tmp_path, html, name):
     return browser
 
 
+def scrub_to(browser, steps):
+    """Moves the page's scrubber to ``steps`` steps applied (a number, or "s.max" for all) as a learner's drag does."""
+    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {steps};"
+                           "s.dispatchEvent(new Event('input'));")
+
+
 def assert_no_js_errors(browser):
     from selenium.webdriver.common.by import By
     assert browser.find_element(By.ID, "errors").text == ""
@@ -72,8 +78,7 @@ def test_page_steps_and_counts(browser, tmp_path, algo, causal):
         current_line = browser.find_element(By.CSS_SELECTOR, "#code .current").get_attribute("id")
         assert current_line == f"code-line-{t.steps[n - 1].line}"
     # scrub to the end: the totals equal the tracer's
-    browser.execute_script("const s = document.getElementById('scrub'); s.value = s.max;"
-                           "s.dispatchEvent(new Event('input'));")
+    scrub_to(browser, "s.max")
     read, written = shown_counters(browser, tensors)
     assert {n: {"read": read[n], "written": written[n]} for n in tensors} == {
         n: t.counters().get(n, {"read": 0, "written": 0}) for n in tensors}
@@ -81,8 +86,7 @@ def test_page_steps_and_counts(browser, tmp_path, algo, causal):
     assert bool(skips) == (causal and algo in ("fa1", "fa2", "fa2_bwd"))
     assert browser.find_element(By.ID, "work").is_displayed() == (algo in ("fa1", "fa2", "fa2_bwd"))
     if skips:  # at a skip step the score tiles show that pair's work as skipped, and no HBM tile is hatched
-        browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {skips[0] + 1};"
-                               "s.dispatchEvent(new Event('input'));")
+        scrub_to(browser, skips[0] + 1)
         step = t.steps[skips[0]]
         cell = browser.find_element(By.ID, f"work-{step.pair[0]}-{step.pair[1]}")
         assert "skip" in cell.get_attribute("class")
@@ -99,8 +103,7 @@ def test_closed_form_counts_on_the_page(browser, tmp_path):
     for algo, q_reads, o_writes in (("fa1", n // block, n // block), ("fa2", 1, 1)):
         t = trace(algo, n, d, block, block)
         open_page(browser, tmp_path, render(t), algo)
-        browser.execute_script("const s = document.getElementById('scrub'); s.value = s.max;"
-                               "s.dispatchEvent(new Event('input'));")
+        scrub_to(browser, "s.max")
         read, written = shown_counters(browser, ["Q", "O", "K"])
         assert read["Q"] == q_reads * n * d * item and written["O"] == o_writes * n * d * item
         assert read["K"] == (n * d * item if algo == "fa1" else (n // block) * n * d * item)
@@ -218,12 +221,10 @@ def test_sram_holds_only_the_current_programs_tiles(browser, tmp_path, algo):
     t = trace(algo, seqlen=8, head_dim=4, block_m=2, block_n=2)
     second = next(i for i, s in enumerate(t.steps) if s.program != t.steps[0].program)
     open_page(browser, tmp_path, render(t), f"sram-{algo}")
-    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {second};"
-                           "s.dispatchEvent(new Event('input'));")
+    scrub_to(browser, second)
     before = browser.find_element(By.ID, "sram-tiles").text
     assert "K[" in before and t.steps[0].program.lower() in browser.find_element(By.ID, "program").text.lower()
-    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {second + 1};"
-                           "s.dispatchEvent(new Event('input'));")
+    scrub_to(browser, second + 1)
     chips = browser.find_element(By.ID, "sram-tiles").text.split()
     step = t.steps[second]
     assert chips == [f"{step.tensor}[{step.tile[0]},{step.tile[1]}]"]
@@ -295,14 +296,12 @@ def test_running_values_say_whose_rows_they_are(browser, tmp_path):
     t = trace("fa2", seqlen=8, head_dim=4, block_m=2, block_n=2, causal=False)
     open_page(browser, tmp_path, render(t), "state")
     last = max(i for i, s in enumerate(t.steps) if s.state and s.pair == (1, 2))
-    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {last + 1};"
-                           "s.dispatchEvent(new Event('input'));")
+    scrub_to(browser, last + 1)
     state = browser.find_element(By.ID, "state").text
     assert "of Q tile 1 (rows 2–3), after K tile 2 (rows 4–5):" in state and "m = [" in state
     t = trace("fa2_bwd", seqlen=8, head_dim=4, block_m=2, block_n=2, causal=False)
     open_page(browser, tmp_path, render(t), "state-bwd")
     first = min(i for i, s in enumerate(t.steps) if "dK" in s.state)
-    browser.execute_script(f"const s = document.getElementById('scrub'); s.value = {first + 1};"
-                           "s.dispatchEvent(new Event('input'));")
+    scrub_to(browser, first + 1)
     assert browser.find_element(By.ID, "state").text.split("\n")[1] == t.steps[first].program + ":"
     assert_no_js_errors(browser)
