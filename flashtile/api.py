@@ -101,7 +101,31 @@ def _unpack(name: str, packed: Tensor, parts: int, layout: str) -> tuple[Tensor,
     dim = ndim - 3
     if packed.dim() != ndim or packed.shape[dim] != parts:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(packed.shape)}")
+    if packed.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        return _Unpack.apply(packed, dim)
     return packed.unbind(dim)
+
+
+class _Unpack(torch.autograd.Function):
+    """packed.unbind(dim), whose backward hands on the gradients' own packed tensor where they are its slices
+    (ops.shared_grads) instead of stacking them into a new one."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, packed: Tensor, dim: int) -> tuple[Tensor, ...]:
+        ctx.dim, ctx.part_shape = dim, packed.shape[:dim] + packed.shape[dim + 1:]
+        ctx.set_materialize_grads(False)
+        return packed.unbind(dim)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: Optional[Tensor]) -> tuple[Tensor, None]:
+        base = grads[0]._base if grads[0] is not None else None
+        if base is not None and all(g is not None and g._base is base for g in grads) and ops.packed_shape(
+                *grads) == base.shape:
+            return base, None
+        like = next((g for g in grads if g is not None), None)
+        if like is None:
+            return None, None
+        return torch.stack([like.new_zeros(ctx.part_shape) if g is None else g for g in grads], ctx.dim), None
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,

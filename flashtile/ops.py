@@ -178,9 +178,40 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
 
 
 def _writable_like(g: Optional[Tensor], t: Tensor) -> bool:
-    """Whether the kernels can write t's gradient into g as into a new tensor like t."""
-    return (g is not None and g.shape == t.shape and g.dtype == t.dtype and g.device == t.device and g.is_contiguous()
-            and g.data_ptr() % 16 == 0)
+    """Whether the kernels can write t's gradient into g as into a new tensor like t: any row strides a descriptor
+    takes (slices of a packed tensor too), each row's heads side by side."""
+    return (g is not None and g.shape == t.shape and g.dtype == t.dtype and g.device == t.device
+            and g.stride(-2) == g.shape[-1] and tma_addressable(g))
+
+
+def packed_shape(*parts: Tensor) -> Optional[tuple[int, ...]]:
+    """The shape (..., len(parts), nheads, headdim) of the contiguous tensor whose consecutive slices ``parts`` are
+    (as flash-attn packs qkv and kv), or None where they are not such slices."""
+    first = parts[0]
+    step = first.shape[-1] * first.shape[-2] * first.element_size()
+    if first.numel() == 0 or any(p.data_ptr() != first.data_ptr() + i * step for i, p in enumerate(parts)):
+        return None
+    shape = first.shape[:-2] + (len(parts), ) + first.shape[-2:]
+    strides = [1]
+    for size in reversed(shape[1:]):
+        strides.insert(0, strides[0] * size)
+    sliced = tuple(strides[:-3] + strides[-2:])  # the packed tensor's strides without the parts' dim
+    if any(p.shape != first.shape or p.stride() != sliced or p.dtype != first.dtype for p in parts) or any(
+            p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for p in parts[1:]):
+        return None
+    return shape
+
+
+def shared_grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Optional[Tensor], ...]:
+    """Buffers for the gradients of q, k, v where q, k, v (or k and v) are slices of one packed tensor (packed_shape):
+    slices of one new tensor of its shape, which is then the packed tensor's gradient without a copy
+    (api.unpack); None for the others."""
+    for parts in ((q, k, v), (k, v)):
+        shape = packed_shape(*parts)
+        if shape is not None:
+            grads = torch.empty(shape, device=q.device, dtype=q.dtype).unbind(-3)
+            return (None, ) * (3 - len(parts)) + grads
+    return (None, None, None)
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
@@ -213,10 +244,28 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         alibi_slopes: Optional[torch.Tensor] = None, dlse: Optional[torch.Tensor] = None,
         sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and the sinks' gradient (an empty tensor without sinks: an op returns no None)."""
+    return _bwd_into((None, None, None), dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, window_left, window_right, bottom_right, deterministic, softcap,
+                     alibi_slopes, dlse, sinks)
+
+
+def _bwd_into(grads_out: tuple, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+              softmax_scale: float, window_left: int, window_right: int, bottom_right: bool, deterministic: bool,
+              softcap: float, alibi_slopes: Optional[Tensor], dlse: Optional[Tensor],
+              sinks: Optional[Tensor]) -> tuple[Tensor, ...]:
+    """_bwd_impl with the gradients written into ``grads_out`` where attention_backward can."""
     grads = attention_backward(dout, q, k, v, out, lse, softmax_scale, (window_left, window_right), bottom_right,
                                deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse, sinks=sinks)
+                               softcap=softcap, alibi_slopes=alibi_slopes, dlse=dlse, sinks=sinks,
+                               grads_out=grads_out)
     return grads if sinks is not None else grads + (lse.new_empty(0), )
+
+
+def _bwd_eager(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, *args: object) -> tuple[Tensor, ...]:
+    """_bwd_impl for eager calls, which unlike an op may return gradients that share memory: where q, k, v (or k and v)
+    are slices of one packed tensor, so are their gradients (shared_grads)."""
+    return _bwd_into(shared_grads(q, k, v), dout, q, k, v, *args)
 
 
 bwd = torch.library.custom_op("flashtile::bwd", mutates_args=())(_bwd_impl)
@@ -283,7 +332,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
-        return _saved_grads(ctx, dout, dlse, _bwd_impl)
+        return _saved_grads(ctx, dout, dlse, _bwd_eager)
 
 
 def pad_head_dim(*tensors: Tensor) -> tuple[Tensor, ...]:

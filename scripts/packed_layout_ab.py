@@ -1,7 +1,8 @@
-"""q, k, v sliced out of one packed qkv (flash_attn_qkvpacked_func's layout, and SDPA's on a fused projection): the
-sm90 kernels reading them in place, against the portable kernels that served them before (run 50), against the same
-call on separate contiguous q, k, v, and against PyTorch's SDPA (FA2) on the fused layout; forward + backward, bf16,
-do_bench medians, turns taken in one process.
+"""q, k, v sliced out of one packed qkv (flash_attn_qkvpacked_func's layout, and SDPA's on a fused projection):
+flash_attn_qkvpacked_func, whose dqkv is the buffer the kernels wrote (run 51), against the same slices passed to
+flash_attn_func (autograd stacks their gradients into dqkv: what the packed call did before), against the same call on
+separate contiguous q, k, v, and against PyTorch's SDPA (FA2) on the fused layout; forward + backward, bf16, do_bench
+medians, turns taken in one process.
 
     PYTHONPATH=. python3 scripts/packed_layout_ab.py [--turns 3]
 """
@@ -13,7 +14,6 @@ import torch.nn.functional as F
 import triton
 
 import flashtile
-from flashtile import configs
 
 
 def step(fn, inputs, dout):
@@ -40,21 +40,18 @@ def main():
                 dout = torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
                 fused = qkv.detach().permute(2, 0, 3, 1, 4).requires_grad_()  # (3, batch, nheads, seqlen, head_dim)
                 rows = {
-                    "packed, sm90 in place": (step(lambda: flashtile.flash_attn_qkvpacked_func(qkv, causal=causal),
-                                                   [qkv], dout), "auto"),
-                    "packed, portable (before)": (step(lambda: flashtile.flash_attn_qkvpacked_func(qkv, causal=causal),
-                                                       [qkv], dout), "portable"),
-                    "separate q, k, v": (step(lambda: flashtile.flash_attn_func(q, k, v, causal=causal), [q, k, v],
-                                              dout), "auto"),
-                    "SDPA (FA2), fused layout": (step(lambda: F.scaled_dot_product_attention(
-                        *fused, is_causal=causal).transpose(1, 2), [fused], dout), "auto"),
+                    "packed": step(lambda: flashtile.flash_attn_qkvpacked_func(qkv, causal=causal), [qkv], dout),
+                    "packed, gradients stacked": step(lambda: flashtile.flash_attn_func(*qkv.unbind(2), causal=causal),
+                                                      [qkv], dout),
+                    "separate q, k, v": step(lambda: flashtile.flash_attn_func(q, k, v, causal=causal), [q, k, v],
+                                             dout),
+                    "SDPA (FA2), fused layout": step(lambda: F.scaled_dot_product_attention(
+                        *fused, is_causal=causal).transpose(1, 2), [fused], dout),
                 }
                 times = {name: [] for name in rows}
                 for _ in range(args.turns):
-                    for name, (fn, backend) in rows.items():
-                        configs.FWD_BACKEND = configs.BWD_BACKEND = backend
+                    for name, fn in rows.items():
                         times[name].append(triton.testing.do_bench(fn))
-                configs.FWD_BACKEND = configs.BWD_BACKEND = "auto"
                 flops = 4 * batch * nheads * seqlen * seqlen * head_dim * 3.5 / (2 if causal else 1)
                 for name, ms in times.items():
                     m = statistics.median(ms)

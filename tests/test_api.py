@@ -5,6 +5,7 @@ import torch
 from helpers import DEVICE, randn
 
 import flashtile
+from flashtile import api
 
 
 def _grads(fn, leaves, dout):
@@ -102,3 +103,36 @@ def test_bert_padding_helpers_under_our_names():
     rows, indices, cu, longest, _ = flashtile.unpad_input(hidden, mask)
     assert cu.tolist() == [0, 2, 5] and longest == 3
     assert torch.equal(flashtile.pad_input(rows, indices, 2, 3)[mask.bool()], hidden[mask.bool()])
+
+
+@pytest.mark.parametrize("call", ["qkvpacked", "kvpacked", "varlen_qkvpacked"])
+def test_packed_gradient_is_not_stacked(call):
+    """The packed tensor's gradient is the buffer the kernels wrote dq, dk, dv into (ops.shared_grads): no stack of
+    separate gradients in the backward (the profiler's ops)."""
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32, device=DEVICE)
+    q = randn(2, 10, 2, 16, dtype=torch.float16)
+    packed = randn(20, 3, 2, 16, dtype=torch.float16) if call.startswith("varlen") else randn(
+        2, 10, 3 if call == "qkvpacked" else 2, 2, 16, dtype=torch.float16)
+    packed.requires_grad_()
+    fn = {"qkvpacked": lambda: flashtile.flash_attn_qkvpacked_func(packed, causal=True),
+          "kvpacked": lambda: flashtile.flash_attn_kvpacked_func(q, packed, causal=True),
+          "varlen_qkvpacked": lambda: flashtile.flash_attn_varlen_qkvpacked_func(packed, cu, 13, causal=True)}[call]
+    with torch.autograd.profiler.profile() as prof:
+        out = fn()
+        out.backward(torch.randn_like(out))
+    assert "aten::stack" not in {event.name for event in prof.function_events}
+    assert packed.grad.shape == packed.shape and packed.grad.isfinite().all()
+
+
+def test_packed_gradient_of_other_layouts_and_of_some_parts():
+    """A qkv whose parts are not laid out as flash-attn packs them (heads outermost) still gets its gradient (stacked);
+    so does one of whose parts only some take a gradient."""
+    qkv = randn(2, 9, 2, 3, 16, dtype=torch.float16).transpose(2, 3)
+    dout = randn(2, 9, 2, 16, dtype=torch.float16)
+    want = _grads(lambda q, k, v: flashtile.flash_attn_func(q, k, v), qkv.unbind(2), dout)
+    got = _grads(lambda qkv: flashtile.flash_attn_qkvpacked_func(qkv), (qkv, ), dout)
+    assert torch.equal(got[1], torch.stack(want[1:], 2))
+    leaf = qkv.detach().clone().requires_grad_()
+    q, k, v = api._unpack("qkv", leaf, 3, "(batch, seqlen, 3, nheads, headdim)")
+    (k.float() * 2).sum().backward()
+    assert torch.equal(leaf.grad[:, :, 1], torch.full_like(k, 2)) and not leaf.grad[:, :, 0::2].any()

@@ -26,12 +26,13 @@ def test_install_then_uninstall_restores_what_was_there():
             importlib.import_module("flash_attn")
 
 
-@pytest.mark.parametrize("buffers", ["contiguous", "strided"])
+@pytest.mark.parametrize("buffers", ["contiguous", "packed", "strided"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_private_forward_and_backward_equal_flash_attn_func(causal, buffers):
     """_flash_attn_forward / _flash_attn_backward as ring-flash-attention calls them: out and LSE, then dq, dk, dv
-    written into the given buffers (contiguous ones by the kernels, strided ones copied into), equal to
-    flash_attn_func's forward and autograd (GQA, Nq != Nk); softmax_d, the delta the kernels used."""
+    written into the given buffers (contiguous ones and slices of one packed dkv by the kernels, other strided ones
+    copied into), equal to flash_attn_func's forward and autograd (GQA, Nq != Nk); softmax_d, the delta the kernels
+    used."""
     q = randn(2, 21, 4, 32, dtype=torch.float16)
     k, v = (randn(2, 30, 2, 32, dtype=torch.float16) for _ in range(2))
     dout = randn(2, 21, 4, 32, dtype=torch.float16)
@@ -44,6 +45,8 @@ def test_private_forward_and_backward_equal_flash_attn_func(causal, buffers):
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         if buffers == "strided":  # the same shapes, heads outermost in memory
             grads = [g.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for g in grads]
+        if buffers == "packed":  # as flash-attn's kvpacked backward passes them
+            grads = [grads[0], *torch.stack(grads[1:], 2).unbind(2)]
         delta = _flash_attn_backward(dout, q, k, v, out, lse, *grads, 0.0, 32 ** -0.5, causal, -1, -1, 0.0, None,
                                      False)
         with pytest.raises(NotImplementedError, match="dropout_p"):
