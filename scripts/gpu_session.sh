@@ -118,15 +118,20 @@ for step in "$@"; do
       cp flashtile/viz/pipeline_trace.json "$out/" 2>/dev/null
       timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short tests/viz/test_pipeline.py 2>&1 | tail -20 \
         | tee -a "$out/pipeline-record.log" ;;
-    bwd-candidate)  # run 50's backward candidate (docs/results/bwd-loop-counters-run50.md) on this copy of the tree:
-      # the sm90 backward's GPU tests with it, then its A/B against this tree's bwd.py; the patch is taken back after
+    bwd-candidate)  # a backward candidate kept as a patch (BWD_PATCH; default run 51's dQ warp,
+      # docs/results/bwd-dq-warp-run51.md) on this copy of the tree: the sm90 backward's GPU tests with it, then its A/B
+      # against this tree's bwd.py and against a probe, this tree's bwd.py storing each dQ tile a second time (more
+      # shared-memory traffic, no more waits: docs/perf/backward.md, run 51's probes); the patch is taken back after
+      patch=${BWD_PATCH:-docs/results/bwd-dq-warp-run51.patch}
       cp flashtile/kernels/hopper/bwd.py /tmp/bwd_before.py
-      if git apply docs/results/bwd-loop-counters-run50.patch 2> "$out/bwd-candidate.log"; then
+      sed 's/^\(        tma_reduce_add(dQacc, \[row + r \* 4 \* DQ_COLS, 0\], dq_buf.slice(r \* 2 \* DQ_COLS, 2 \* DQ_COLS))\)$/\1\n    dq_buf.store(y)/' \
+        /tmp/bwd_before.py > /tmp/bwd_store_twice.py
+      if git apply "$patch" 2> "$out/bwd-candidate.log"; then
         timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf \
           tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-candidate.log"
-        timeout 240 python3 scripts/bwd_hopper_ab.py --old /tmp/bwd_before.py --rounds 3 2>&1 \
+        timeout 240 python3 scripts/bwd_hopper_ab.py --old /tmp/bwd_before.py /tmp/bwd_store_twice.py --rounds 3 2>&1 \
           | tee -a "$out/bwd-candidate.log"
-        git apply -R docs/results/bwd-loop-counters-run50.patch
+        git apply -R "$patch"
       fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
