@@ -120,17 +120,22 @@ for step in "$@"; do
         | tee -a "$out/pipeline-record.log" ;;
     bwd-candidate)  # a backward candidate kept as a patch (BWD_PATCH; default run 51's dQ warp,
       # docs/results/bwd-dq-warp-run51.md) on this copy of the tree: the sm90 backward's GPU tests with it, then its A/B
-      # against this tree's bwd.py and against a probe, this tree's bwd.py storing each dQ tile a second time (more
-      # shared-memory traffic, no more waits: docs/perf/backward.md, run 51's probes); the patch is taken back after
+      # against this tree's bwd.py, against a probe (this tree's bwd.py storing each dQ tile a second time: more
+      # shared-memory traffic, no more waits; docs/perf/backward.md, run 51's probes) and against the candidates of
+      # bwd.py alone in BWD_ALSO (default run 51's dQ added from registers); the patch is taken back after
       patch=${BWD_PATCH:-docs/results/bwd-dq-warp-run51.patch}
       cp flashtile/kernels/hopper/bwd.py /tmp/bwd_before.py
       sed 's/^\(        tma_reduce_add(dQacc, \[row + r \* 4 \* DQ_COLS, 0\], dq_buf.slice(r \* 2 \* DQ_COLS, 2 \* DQ_COLS))\)$/\1\n    dq_buf.store(y)/' \
         /tmp/bwd_before.py > /tmp/bwd_store_twice.py
+      others=(/tmp/bwd_before.py /tmp/bwd_store_twice.py)
+      for extra in ${BWD_ALSO-docs/results/bwd-dq-red-run51.patch}; do
+        name=/tmp/$(basename "$extra" .patch | tr -- '-' '_').py
+        patch -s -o "$name" /tmp/bwd_before.py "$extra" && others+=("$name")
+      done
       if git apply "$patch" 2> "$out/bwd-candidate.log"; then
         timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf \
           tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-candidate.log"
-        timeout 240 python3 scripts/bwd_hopper_ab.py --old /tmp/bwd_before.py /tmp/bwd_store_twice.py --rounds 3 2>&1 \
-          | tee -a "$out/bwd-candidate.log"
+        timeout 240 python3 scripts/bwd_hopper_ab.py --old "${others[@]}" --rounds 3 2>&1 | tee -a "$out/bwd-candidate.log"
         git apply -R "$patch"
       fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
