@@ -188,15 +188,17 @@ def packed_shape(*parts: Tensor) -> Optional[tuple[int, ...]]:
     """The shape (..., len(parts), nheads, headdim) of the contiguous tensor whose consecutive slices ``parts`` are
     (as flash-attn packs qkv and kv), or None where they are not such slices."""
     first = parts[0]
-    step = first.shape[-1] * first.shape[-2] * first.element_size()
-    if first.numel() == 0 or any(p.data_ptr() != first.data_ptr() + i * step for i, p in enumerate(parts)):
-        return None
+    step, ptr = first.shape[-1] * first.shape[-2] * first.element_size(), first.data_ptr()
+    for i in range(1, len(parts)):
+        if parts[i].data_ptr() != ptr + i * step:
+            return None
     shape = first.shape[:-2] + (len(parts), ) + first.shape[-2:]
     strides = [1]
     for size in reversed(shape[1:]):
         strides.insert(0, strides[0] * size)
     sliced = tuple(strides[:-3] + strides[-2:])  # the packed tensor's strides without the parts' dim
-    if any(p.shape != first.shape or p.stride() != sliced or p.dtype != first.dtype for p in parts) or any(
+    if first.numel() == 0 or any(p.shape != first.shape or p.stride() != sliced or p.dtype != first.dtype
+                                 for p in parts) or any(
             p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for p in parts[1:]):
         return None
     return shape
@@ -206,6 +208,8 @@ def shared_grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Optional[Tensor], ...
     """Buffers for the gradients of q, k, v where q, k, v (or k and v) are slices of one packed tensor (packed_shape):
     slices of one new tensor of its shape, which is then the packed tensor's gradient without a copy
     (api.unpack); None for the others."""
+    if v.data_ptr() - k.data_ptr() != k.shape[-1] * k.shape[-2] * k.element_size():  # neither packing: on every call
+        return (None, None, None)
     for parts in ((q, k, v), (k, v)):
         shape = packed_shape(*parts)
         if shape is not None:
