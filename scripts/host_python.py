@@ -4,7 +4,7 @@ and every launch stubbed out (the forward's replay found, its counter a CPU tens
 so what is timed is the checks, the dispatch, the allocations, the launch keys and the descriptors' views, not Triton
 or the GPU. Host-path changes can be A/B'd here between device sessions; their effect on a real step is measured on
 the GPU (scripts/step_host.py --parts). B=1, N=128, H=16, D=128, bf16, causal; µs per call, the best of the turns:
-``python scripts/host_python.py [--turns 5] [--cprofile forward|backward]``."""
+``python scripts/host_python.py [--turns 5] [--cprofile forward|backward|step]``."""
 import argparse
 import cProfile
 import pstats
@@ -41,10 +41,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5000)
-    parser.add_argument("--cprofile", choices=["forward", "backward"])
+    parser.add_argument("--cprofile", choices=["forward", "backward", "step"])
     args = parser.parse_args(argv)
     q, k, v, dout, out = (torch.randn(1, 128, 16, 128, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.randn(1, 16, 128)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     found = _FoundReplay(q)
     rows = {
         "flash_attn_func, forward only (sm90 path)": lambda: flashtile.flash_attn_func(q, k, v, causal=True),
@@ -52,6 +53,8 @@ def main(argv=None):
         "ops.attention_backward (sm90 path)": lambda: ops.attention_backward(dout, q, k, v, out, lse, 0.088, (-1, 0),
                                                                              True, False),
         "dispatch.backward": lambda: dispatch.backward(q, k, v, dout, (-1, 0)),
+        "flash_attn_func, forward + backward (autograd)": lambda: torch.autograd.grad(
+            flashtile.flash_attn_func(*leaves, causal=True), leaves, dout),
     }
     with mock.patch.object(dispatch, "runs_gluon", lambda device: True), \
             mock.patch.object(replay.Replays, "launch", lambda *args: None), \
@@ -69,8 +72,9 @@ def main(argv=None):
             print(f"| {name} | {us:.1f} µs |")
         if args.cprofile:
             profile = cProfile.Profile()
-            row = rows[f"{'flash_attn_func, forward only' if args.cprofile == 'forward' else 'ops.attention_backward'} "
-                       "(sm90 path)"]
+            row = {"forward": rows["flash_attn_func, forward only (sm90 path)"],
+                   "backward": rows["ops.attention_backward (sm90 path)"],
+                   "step": rows["flash_attn_func, forward + backward (autograd)"]}[args.cprofile]
             profile.runcall(lambda: [row() for _ in range(2000)])
             pstats.Stats(profile).sort_stats("tottime").print_stats(20)
 
