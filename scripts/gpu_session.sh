@@ -96,10 +96,13 @@ for step in "$@"; do
       # (tools/flash_attn_conftest.py), FA_TESTS_S bounds the seconds; dropout cases are left out.
       pip install --no-deps -q .whl/einops-*.whl 2>&1 | tail -1
       cp tools/flash_attn_conftest.py .fa/conftest.py
-      (cd .fa && timeout -s INT "${FA_TESTS_S:-540}" python3 -m pytest -v -n 16 --dist worksteal -p no:cacheprovider --tb=line -rf --durations=40 \
-         test_flash_attn.py -k "not 0.17 and (${FA_TESTS_K:-test_})" > "$out/fa-tests-full.log" 2>&1)
+      out=$(realpath -m "$out")  # the tests run in .fa
+      (cd .fa && FA_TIMES="$out/fa-times.tsv" timeout -s INT "${FA_TESTS_S:-540}" python3 -m pytest -v -n 16 --dist worksteal \
+         -p no:cacheprovider --tb=line -rf --durations=40 test_flash_attn.py -k "not 0.17 and (${FA_TESTS_K:-test_})" \
+         > "$out/fa-tests-full.log" 2>&1)
       python3 tools/fa_failures.py < "$out/fa-tests-full.log" \
         | tee -a "$out/flash-attn-tests.log"
+      python3 tools/fa_times.py "$out/fa-times.tsv" | tee -a "$out/flash-attn-tests.log" && gzip -f "$out/fa-times.tsv"
       # sixteen workers share the GPU's memory: a failure may be another worker's out-of-memory, so run them again, two
       # at a time
       mapfile -t again < <(grep -oE "^FAILED [^ ]+" "$out/fa-tests-full.log" | cut -d' ' -f2 | head -100)

@@ -8,12 +8,30 @@ over every parameter), so that calls with i = 0, 1, … cover the file in turns.
 fixes the kernels they compile (head dim, dtype, masks): xdist hands each worker consecutive cases, which then share
 kernels, rather than sixteen workers compiling the same kernel at once (``--dist worksteal`` splits the list into
 consecutive parts). Sixteen workers share one GPU's memory, so each hands its cached blocks back after every case.
+With ``FA_TIMES=path`` each worker appends a line per case: its seconds in all, and those spent in Triton's compile
+(cache hits included), so that a call shows where its time goes (``python3 tools/fa_times.py path``).
 """
 import os
+import time
 
 import pytest
+import triton.compiler
 
 import flashtile.integrations.flash_attn as shim
+
+_COMPILE_SECONDS = [0.0]
+_compile = triton.compiler.compile  # a kernel takes it at its first launch (JITFunction.create_binder)
+
+
+def _timed_compile(*args, **kwargs):
+    start = time.perf_counter()
+    try:
+        return _compile(*args, **kwargs)
+    finally:
+        _COMPILE_SECONDS[0] += time.perf_counter() - start
+
+
+triton.compiler.compile = _timed_compile
 
 shim.install()
 _KERNEL_PARAMS = ("d", "dtype", "causal", "local", "alibi", "softcap", "deterministic", "mha_type", "kvpacked")
@@ -37,6 +55,17 @@ def _kernel_key(item):
     params = item.callspec.params if hasattr(item, "callspec") else {}
     return (item.originalname, ) + tuple(str(params.get(name)) for name in _KERNEL_PARAMS)
 
+
+
+@pytest.fixture(autouse=True)
+def _case_times(request):
+    """FA_TIMES: the case's seconds and its compile seconds, tab-separated after its id, appended to that file."""
+    path = os.environ.get("FA_TIMES")
+    start, compiled = time.perf_counter(), _COMPILE_SECONDS[0]
+    yield
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{request.node.nodeid}\t{time.perf_counter() - start:.3f}\t{_COMPILE_SECONDS[0] - compiled:.3f}\n")
 
 
 @pytest.fixture(autouse=True)
