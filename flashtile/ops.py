@@ -207,7 +207,7 @@ def packed_shape(*parts: Tensor) -> Optional[tuple[int, ...]]:
 def shared_grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Optional[Tensor], ...]:
     """Buffers for the gradients of q, k, v where q, k, v (or k and v) are slices of one packed tensor (packed_shape):
     slices of one new tensor of its shape, which is then the packed tensor's gradient without a copy
-    (api.unpack); None for the others."""
+    (api._Unpack); None for the others."""
     if v.data_ptr() - k.data_ptr() != k.shape[-1] * k.shape[-2] * k.element_size():  # neither packing: on every call
         return (None, None, None)
     for parts in ((q, k, v), (k, v)):
