@@ -3,6 +3,7 @@
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
+#        [bwd-varlen]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -140,6 +141,15 @@ for step in "$@"; do
           tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-candidate.log"
         timeout 240 python3 scripts/bwd_hopper_ab.py --old "${others[@]}" --rounds 3 2>&1 | tee -a "$out/bwd-candidate.log"
         git apply -R "$patch"
+      fi ;;
+    bwd-varlen)  # run 51's packed-sequence candidate for the sm90 one pass (docs/results/bwd-varlen-run51.md) on this
+      # copy of the tree: the GPU tests it touches, then its A/B against the portable backward; taken back after
+      if git apply docs/results/bwd-varlen-run51.patch 2> "$out/bwd-varlen.log"; then
+        timeout 240 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
+          tests/kernels/portable/test_bwd.py tests/test_api.py tests/integrations 2>&1 \
+          | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-varlen.log"
+        timeout 200 python3 scripts/varlen_bwd_ab.py --rounds 3 2>&1 | tee -a "$out/bwd-varlen.log"
+        git apply -R docs/results/bwd-varlen-run51.patch
       fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
