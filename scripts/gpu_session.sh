@@ -143,13 +143,15 @@ for step in "$@"; do
         git apply -R "$patch"
       fi ;;
     bwd-varlen)  # run 51's packed-sequence candidate for the sm90 one pass (docs/results/bwd-varlen-run51.md) on this
-      # copy of the tree: the GPU tests it touches, then its A/B against the portable backward; taken back after
-      if git apply docs/results/bwd-varlen-run51.patch 2> "$out/bwd-varlen.log"; then
+      # copy of the tree: the GPU tests it touches, then its A/B against the portable backward; taken back after.
+      # VARLEN_PATCH=docs/results/bwd-varlen-on-dq-warp-run51.patch once the dQ warp has landed
+      varlen_patch=${VARLEN_PATCH:-docs/results/bwd-varlen-run51.patch}
+      if git apply "$varlen_patch" 2> "$out/bwd-varlen.log"; then
         timeout 240 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
           tests/kernels/portable/test_bwd.py tests/test_api.py tests/integrations 2>&1 \
           | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-varlen.log"
         timeout 200 python3 scripts/varlen_bwd_ab.py --rounds 3 2>&1 | tee -a "$out/bwd-varlen.log"
-        git apply -R docs/results/bwd-varlen-run51.patch
+        git apply -R "$varlen_patch"
       fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
