@@ -136,3 +136,17 @@ def test_packed_gradient_of_other_layouts_and_of_some_parts():
     q, k, v = api._unpack("qkv", leaf, 3, "(batch, seqlen, 3, nheads, headdim)")
     (k.float() * 2).sum().backward()
     assert torch.equal(leaf.grad[:, :, 1], torch.full_like(k, 2)) and not leaf.grad[:, :, 0::2].any()
+
+
+def test_packed_call_under_torch_compile():
+    """flash_attn_qkvpacked_func traced whole by torch.compile (its unpacking is a plain unbind there, the custom ops
+    run): the same output and gradients as the eager call, whose dqkv comes without a stack."""
+    proj = torch.nn.Linear(32, 3 * 32, device=DEVICE, dtype=torch.float16)
+    x = randn(2, 24, 32, dtype=torch.float16)
+
+    def block(x):
+        return flashtile.flash_attn_qkvpacked_func(proj(x).view(2, 24, 3, 2, 16), causal=True).sum()
+
+    eager = torch.autograd.grad(block(x), proj.weight)[0]
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    assert torch.equal(torch.autograd.grad(compiled(x), proj.weight)[0], eager)
