@@ -2,16 +2,15 @@
 flash_attn_qkvpacked_func, whose dqkv is the buffer the kernels wrote (run 51), against the same slices passed to
 flash_attn_func (autograd stacks their gradients into dqkv: what the packed call did before), against the same call on
 separate contiguous q, k, v, and against PyTorch's SDPA (FA2) on the fused layout; forward + backward, bf16, do_bench
-medians, turns taken in one process.
+medians, turns taken in one process (bwd_ab.median_ms).
 
     PYTHONPATH=. python3 scripts/packed_layout_ab.py [--turns 3]
 """
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
-import triton
+from bwd_ab import median_ms
 
 import flashtile
 
@@ -48,16 +47,11 @@ def main():
                     "SDPA (FA2), fused layout": step(lambda: F.scaled_dot_product_attention(
                         *fused, is_causal=causal).transpose(1, 2), [fused], dout),
                 }
-                times = {name: [] for name in rows}
-                for _ in range(args.turns):
-                    for name, fn in rows.items():
-                        times[name].append(triton.testing.do_bench(fn))
+                ms = median_ms(rows, args.turns)
                 flops = 4 * batch * nheads * seqlen * seqlen * head_dim * 3.5 / (2 if causal else 1)
-                for name, ms in times.items():
-                    m = statistics.median(ms)
+                for name, m in ms.items():
                     print(f"| {head_dim} | {causal} | {seqlen} | {name} | {m:.3f} | {flops / m / 1e9:.0f} |",
                           flush=True)
-
 
 if __name__ == "__main__":
     main()

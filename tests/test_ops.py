@@ -36,13 +36,11 @@ def test_gradients_written_into_packed_slices(varlen):
     kv = randn(*shape, 2, 2, 32, dtype=torch.float16)
     k, v = kv.unbind(-3)
     dout = randn(*shape, 4, 32, dtype=torch.float16)
-    out, lse = ops.attention_forward(q, k, v, 32 ** -0.5, (-1, 0), True) if not varlen else (None, None)
     extra = {}
     if varlen:
         cu = torch.tensor([0, 9, 25], dtype=torch.int32, device=DEVICE)
         extra = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=16, max_seqlen_k=16)
-        out = torch.empty_like(q)
-        out, lse = ops.attention_forward(q, k, v, 32 ** -0.5, (-1, 0), True, out, cu, cu, 16, 16)
+    out, lse = ops.attention_forward(q, k, v, 32 ** -0.5, (-1, 0), True, **extra)
     want = ops.attention_backward(dout, q, k, v, out, lse, 32 ** -0.5, (-1, 0), True, False, **extra)
     with poisoned_outputs():
         dq, dkv = torch.empty_like(q), torch.empty_like(kv)

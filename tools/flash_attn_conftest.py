@@ -56,7 +56,6 @@ def _kernel_key(item):
     return (item.originalname, ) + tuple(str(params.get(name)) for name in _KERNEL_PARAMS)
 
 
-
 @pytest.fixture(autouse=True)
 def _case_times(request):
     """FA_TIMES: the case's seconds and its compile seconds, tab-separated after its id, appended to that file."""
