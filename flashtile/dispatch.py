@@ -94,7 +94,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     bwd_config's tiles."""
     config = None
     if not softcap and alibi_slopes is None and runs_gluon(q.device):
-        config = hopper_backward_pick(q, k, v, dout, window_size, packed)
+        config = hopper_backward_pick(q, k, v, dout, window_size, packed, deterministic)
     if config is not None:
         return Plan("hopper/bwd.py", config, config.design(deterministic))
     return Plan("portable/bwd.py", bwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),
@@ -102,13 +102,15 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 
 
 def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                         window_size: tuple[int, int], packed: bool = False) -> Optional[configs.HopperBwdConfig]:
-    """The sm90 backward's config for the call on any device: configs.BWD_BACKEND "auto", batch mode, a call the
-    kernel's ``supports`` accepts; else None (``flashtile info`` says what an sm90 GPU would run)."""
-    if configs.BWD_BACKEND == "portable" or packed:
+                         window_size: tuple[int, int], packed: bool = False,
+                         deterministic: bool = False) -> Optional[configs.HopperBwdConfig]:
+    """The sm90 backward's config for the call on any device: configs.BWD_BACKEND "auto", a call the kernel's
+    ``supports`` accepts, packed sequences only where the config's design is the one pass; else None (``flashtile
+    info`` says what an sm90 GPU would run)."""
+    if configs.BWD_BACKEND == "portable" or not hopper("bwd").supports(q, k, v, dout, window_size):
         return None
-    supports = hopper("bwd").supports
-    return configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))] if supports(q, k, v, dout, window_size) else None
+    config = configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))]
+    return None if packed and config.design(deterministic) != "one pass" else config
 
 
 def _portable(tables: tuple, head_dim_pad: int, causal: bool, itemsize: int, arch: Optional[tuple[int, int]],

@@ -164,9 +164,13 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     else:
         plan = dispatch.Plan("portable/bwd.py", config)
     if plan.kernel == "hopper/bwd.py":
-        return dispatch.hopper("bwd").launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale,
-                                                        dispatch.is_causal(window_size), bottom_right, deterministic,
-                                                        plan.config, dlse=dlse, sinks=sinks)
+        packed = None if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        delta, sink_parts = dispatch.hopper("bwd").launch_bwd_hopper(
+            dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size), bottom_right,
+            deterministic, plan.config, dlse=dlse, sinks=sinks, packed=packed)
+        if cu_seqlens_q is not None:  # query rows past the last sequence
+            launch_zero_unused_rows(dq, cu_seqlens_q)
+        return delta, sink_parts
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
     delta, _, sink_parts = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse, sinks=sinks)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

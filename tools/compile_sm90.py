@@ -165,19 +165,25 @@ def _backward_inputs(head_dim, nheads_k):
     return q, k, torch.empty(2, 8, 1024)
 
 
-def compile_hopper_bwd(causal, single_pass=False, head_dim=128):
+def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False):
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
-    ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ."""
+    ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ; ``packed``: on packed sequences
+    (one pass)."""
     import torch
 
     from flashtile.kernels.hopper import bwd as bwd_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     config = configs.BWD_HOPPER[(head_dim, causal)]
-    dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config)) if single_pass else None
+    sequences = None
+    if packed:  # two sequences of up to 1024 rows, (total, nheads, headdim), the LSE (nheads, total)
+        q, k, lse = q.flatten(0, 1), k.flatten(0, 1), lse.transpose(0, 1).flatten(1)
+        cu_seqlens = torch.tensor([0, 1024, 2048], dtype=torch.int32)
+        sequences = (cu_seqlens, cu_seqlens, 1024, 1024)
+    dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, sequences)) if single_pass else None
     grid, args, kwargs = bwd_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse, 0.1,
-                                                causal, True, config, dq_acc)
+                                                causal, True, config, dq_acc, packed=sequences)
     row = _compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs)
-    return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass, varlen=packed)
 
 
 def compile_hopper_split(causal, nheads_k=2, head_dim=256):

@@ -120,41 +120,65 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _program(nheads_k, k_rows_b, k_rows_h, BLOCK_N: gl.constexpr):
-    """(first key of the tile, batch, KV head, first row of the head's keys in the 2-D view)."""
-    b = gl.program_id(1) // nheads_k
-    h_k = gl.program_id(1) % nheads_k
-    return gl.program_id(0) * BLOCK_N, b, h_k, b * k_rows_b + h_k * k_rows_h
+def _program(nheads_k, BLOCK_N: gl.constexpr):
+    """(first key of the tile, batch (or sequence), KV head)."""
+    return gl.program_id(0) * BLOCK_N, gl.program_id(1) // nheads_k, gl.program_id(1) % nheads_k
 
 
 @gluon.jit
-def _q_tiles(start_n, seqlen_q, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+def _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, IS_VARLEN: gl.constexpr):
+    """Sequence b's first rows in the Q and K views, its lengths and causal offset. Batch mode: b's rows per batch
+    and the launch's lengths and ``diag``; packed (IS_VARLEN): from cu_seqlens, ``diag`` 1 for bottom-right
+    (each sequence's seqlen_k − seqlen_q) or 0."""
+    q_row = b * vw.q_rows_b
+    k_row = b * vw.k_rows_b
+    seqlen_q = vw.seqlen_q
+    seqlen_k = vw.seqlen_k
+    if IS_VARLEN:  # (the launch's seqlen_q, seqlen_k: the longest, which dQacc and the grid are sized for)
+        q_row = gl.load(cu_seqlens_q + b)
+        k_row = gl.load(cu_seqlens_k + b)
+        seqlen_q = gl.minimum(gl.load(cu_seqlens_q + b + 1) - q_row, vw.seqlen_q)
+        seqlen_k = gl.minimum(gl.load(cu_seqlens_k + b + 1) - k_row, vw.seqlen_k)
+        diag = (gl.load(cu_seqlens_k + b + 1) - k_row - gl.load(cu_seqlens_q + b + 1) + q_row) * diag
+    return q_row, k_row, seqlen_q, seqlen_k, diag
+
+
+@gluon.jit
+def _q_tiles(start_n, seqlen_q, seqlen_k, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+             IS_VARLEN: gl.constexpr):
     """The Q tiles [lo, hi) that see a key of the tile starting at start_n (causal: query i sees keys up to
-    i + diag)."""
+    i + diag); packed, none where the tile starts past its sequence's keys (the grid covers the longest)."""
     lo = 0
     if CAUSAL:
         lo = gl.maximum(start_n - diag, 0) // BLOCK_M
-    return lo, gl.cdiv(seqlen_q, BLOCK_M)
+    hi = gl.cdiv(seqlen_q, BLOCK_M)
+    if IS_VARLEN:
+        if start_n >= seqlen_k:
+            hi = lo
+    return lo, hi
 
 
 @gluon.jit
 def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, stride_lb, stride_lh, diag,
-                    group):
+                    group, cu_seqlens_q, cu_seqlens_k):
     """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn, and the
     tile's LSE and delta (loaded here, so that the consumers never wait on global memory)."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     rows_layout: gl.constexpr = gl.BlockedLayout([sw.BLOCK_M // 32], [32], [1], [0])
-    start_n, b, h_k, k_row = _program(nheads_k, vw.k_rows_b, vw.k_rows_h, sw.BLOCK_N)
+    start_n, b, h_k = _program(nheads_k, sw.BLOCK_N)
+    q_row0, k_row0, seqlen_q, seqlen_k, diag = _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, sw.IS_VARLEN)
+    k_row = k_row0 + h_k * vw.k_rows_h
+    lse_row0 = q_row0 if sw.IS_VARLEN else 0  # packed LSE: (nheads, total rows)
     mbarrier.expect(smem.kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for i in gl.static_range(2):
         tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * vw.k_col_h], smem.kv_bar,
                                         smem.k.index(i))
         tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * vw.k_col_h], smem.kv_bar,
                                         smem.v.index(i))
-    lo, hi = _q_tiles(start_n, vw.seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
+    lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
     for t in range(group * (hi - lo)):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * group + t // (hi - lo)
-        row = b * vw.q_rows_b + h * vw.q_rows_h + (lo + t % (hi - lo)) * sw.BLOCK_M
+        row = q_row0 + h * vw.q_rows_h + (lo + t % (hi - lo)) * sw.BLOCK_M
         stage = t % sw.STAGES
         mbarrier.wait(smem.q_free.index(stage), ((t // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
@@ -165,10 +189,10 @@ def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, n
                                         smem.do.index(stage))
         # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
         offs_m = (lo + t % (hi - lo)) * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=rows_layout)
-        row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=float("inf"))
+        row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + lse_row0
+        lse = gl.load(LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
         smem.lse.index(stage).store(lse * LOG2E)
-        smem.delta.index(stage).store(gl.load(Delta + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=0.0))
+        smem.delta.index(stage).store(gl.load(Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0))
         gl.thread_barrier()
         mbarrier.arrive(smem.q_ready.index(stage))  # q_ready's second arrival: the rows are stored
 
@@ -205,7 +229,8 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale):
+def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale, cu_seqlens_q,
+              cu_seqlens_k):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
@@ -214,7 +239,8 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group
     dq_layout: gl.constexpr = wgmma_layout(DQ_COLS)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
-    start_n, b, h_k, k_row = _program(nheads_k, vw.k_rows_b, vw.k_rows_h, sw.BLOCK_N)
+    start_n, b, h_k = _program(nheads_k, sw.BLOCK_N)
+    _, k_row0, seqlen_q, seqlen_k, diag = _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, sw.IS_VARLEN)
     first_key = start_n + half * HALF_N
     last_key = first_key + HALF_N - 1
     k_half = smem.k.index(half)
@@ -227,7 +253,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group
     if sw.DQ_REDUCE:
         gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
-    lo, hi = _q_tiles(start_n, vw.seqlen_q, diag, sw.BLOCK_M, sw.CAUSAL)
+    lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
         h = h_k * group + t // (hi - lo)
         stage = t % sw.STAGES
@@ -243,11 +269,11 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group
         lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
         if sw.CAUSAL:
-            if (last_key >= vw.seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # diagonal, end
-                ok = (offs_n < vw.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
+            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # diagonal, end
+                ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
         else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
-            p_t = gl.where((offs_n < vw.seqlen_k)[:, None], p_t, 0.0)
+            p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
         delta = smem.delta.index(stage).load(gl.SliceLayout(0, s_layout))
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
@@ -269,20 +295,24 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group
         mbarrier.arrive(smem.q_free.index(stage))
     if sw.DQ_REDUCE:
         tma.store_wait(0)
-    store_rows(dk * gr.softmax_scale, gr.dK, b, h_k, first_key, vw.seqlen_k, gr.stride_dkb, gr.stride_dkn,
-               gr.stride_dkh, acc_layout)
-    store_rows(dv, gr.dV, b, h_k, first_key, vw.seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh, acc_layout)
+    k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
+    store_rows(dk * gr.softmax_scale, gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
+               gr.stride_dkn, gr.stride_dkh, acc_layout)
+    store_rows(dv, gr.dV, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh,
+               acc_layout)
 
 
 @gluon.jit
 def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc, LSE, Delta, nheads_k, q_rows_b,
                                  q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
                                  stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb,
-                                 stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale,
-                                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                 stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale, cu_seqlens_q,
+                                 cu_seqlens_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr,
-                                 REGS: gl.constexpr):
-    """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
+                                 IS_VARLEN: gl.constexpr, REGS: gl.constexpr):
+    """Grid (K/V tiles of BLOCK_N keys of the longest sequence, batch (or sequences) · nheads_k). Packed
+    (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k unused; ``diag`` 1 for
+    bottom-right causal, else 0 (see _sequence)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -306,56 +336,63 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
         mbarrier.init(q_free.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
-    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE)
+    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE, IS_VARLEN=IS_VARLEN)
     smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                 q_free, ds_ready)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
     gr = Grads(dK, dV, as_tensor(stride_dkb), as_tensor(stride_dkn), as_tensor(stride_dkh), as_tensor(stride_dvb),
                as_tensor(stride_dvn), as_tensor(stride_dvh), as_tensor(stride_dqb), as_tensor(stride_dqh),
                softmax_scale)
+    # a batch-mode cu_seqlens (None) cannot sit in an aggregate: each partition takes the two beside it
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale)),
-        (_consumer, (1, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale)),
+        (_consumer, (0, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_consumer, (1, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
         (_load_partition, (sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, stride_lb, stride_lh,
-                           diag, group)),
+                           diag, group, cu_seqlens_q, cu_seqlens_k)),
     ], [4, 1], [REGS, 24])
 
 
 def supports(q, k, v, dout, window_size):
-    """Batch-mode calls the sm90 backward covers: a head dim with a configs.BWD_HOPPER entry, bf16/fp16, full or
-    causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
-    if not (GLUON_VERSION_OK and q.dim() == 4 and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
+    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only): a head dim with a
+    configs.BWD_HOPPER entry, bf16/fp16, full or causal, views a descriptor can read (dO addressed like Q: the loader
+    reads both at the same coordinates)."""
+    if not (GLUON_VERSION_OK and q.dim() in (3, 4) and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
             and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0 and window_size[1] in (-1, 0)
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
         return False
-    layout_q, layout_k = view_layout(q, False), view_layout(k, False)
-    return same_rows(view_layout(dout, False), layout_q) and same_rows(view_layout(v, False), layout_k)
+    varlen = q.dim() == 3
+    layout_q, layout_k = view_layout(q, varlen), view_layout(k, varlen)
+    return same_rows(view_layout(dout, varlen), layout_q) and same_rows(view_layout(v, varlen), layout_k)
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
-                dq_acc=None):
+                dq_acc=None, packed=None):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag); ``dq_acc``
     (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by
-    another kernel)."""
+    another kernel). ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads,
+    headdim) tensors (with dq_acc), or None."""
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(q, k, v, dout, block_m,
-                                                                                               block_n // 2)
-    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(
+        q, k, v, dout, block_m, block_n // 2, packed is not None)
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
+    batch = q.shape[0] if packed is None else cu_seqlens_q.numel() - 1
+    diag = (1 if packed else seqlen_k - seqlen_q) if bottom_right else 0  # packed: each sequence's (_sequence)
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
     if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is head_dim of them, in dq_tile_order
         dq_arg = descriptor(dq_acc.view(-1, 32), [head_dim, 32], DQ_TILE_LAYOUT.value)
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
-    args = (*descs, dk, dv, dq_arg, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h,
-            k_rows_b, k_rows_h, k_col_h, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
-            dv.stride(2), *dq_strides, lse.stride(0), lse.stride(1), seqlen_q, seqlen_k,
-            seqlen_k - seqlen_q if bottom_right else 0, nheads // nheads_k, softmax_scale * LOG2E.value, softmax_scale)
+    lse_strides = (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
+    args = (*descs, dk, dv, dq_arg, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
+            *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, nheads // nheads_k,
+            softmax_scale * LOG2E.value, softmax_scale, cu_seqlens_q, cu_seqlens_k)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
-                  DQ_REDUCE=dq_acc is not None, REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+                  DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None, REGS=config.consumer_regs, num_warps=4,
+                  maxnreg=168)
     return grid, args, kwargs
 
 
@@ -369,33 +406,46 @@ def dq_tile_order(tile):
     return y.permute(*range(n), *(n + i for i in (3, 0, 2, 4, 1, 5))).reshape(*lead, 64 * cols)
 
 
-def dq_acc_shape(q, config):
+def dq_acc_shape(q, config, packed=None):
     """The float32 dQ the single-pass kernel adds into, (batch, nheads, Q tiles, 2 halves of the columns,
-    64 · D / 2) in dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, head dim)."""
-    return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
+    64 · D / 2) in dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, head dim); ``packed``
+    (launch_args'): a batch entry per sequence, rows for the longest."""
+    if packed is None:
+        return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
+    return (packed[0].numel() - 1, q.shape[1], cdiv(packed[2], config.block_m) * config.block_m, q.shape[2])
+
+
+def _strides(t):
+    """(batch, token, head) strides; packed tensors have no batch stride."""
+    return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))
 
 
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None, sinks=None):
+                      config=None, dlse=None, sinks=None, packed=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
     or by kernels/hopper/bwd_split.py with ``config.split_gradients``). ``config`` a configs.HopperBwdConfig.
     ``dlse``, the LSE's gradient (or None), enters as delta − dlse, which the preprocess launch computes in one pass
     for either design. ``sinks`` (float32 (nheads,), or None): the preprocess launch also sums their gradient's parts.
+    ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors,
+    offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
-        delta, dq_acc, sink_parts = portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1],
-                                                                   zeroed=dq_acc_shape(q, config), dlse=dlse,
+        cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])
+        delta, dq_acc, sink_parts = portable_bwd.launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q,
+                                                                   zeroed=dq_acc_shape(q, config, packed), dlse=dlse,
                                                                    sinks=sinks)
-        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc)
-        portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale)
+        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc, packed)
+        portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q)
         return delta, sink_parts
+    if packed is not None:
+        raise ValueError("packed sequences take the one pass (configs.HopperBwdConfig.design)")
     delta_in = dlse is not None or sinks is not None
     delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse, sinks=sinks)
                             if delta_in else (torch.empty_like(lse), None, None))
@@ -405,23 +455,26 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     return delta, sink_parts
 
 
-def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None):
+def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None,
+                 packed=None):
     """The dK/dV launch of ``config`` (kernels/hopper/bwd_split.py with ``split_gradients``), replayed after a key's
-    first call (kernels/common/replay.py)."""
-    tensors = (q, k, v, dout, dk, dv, lse, delta, dq_acc)
-    key = launch_key(tensors, softmax_scale, causal, bottom_right, config)
+    first call (kernels/common/replay.py); ``packed`` as launch_bwd_hopper's."""
+    tensors = (q, k, v, dout, dk, dv, lse, delta)
+    cu_seqlens = () if packed is None else tuple(packed[:2])
+    key = launch_key(tensors + (dq_acc, ) + cu_seqlens, softmax_scale, causal, bottom_right, config,
+                     None if packed is None else packed[2:])
     if config.split_gradients:
         kernel, make = bwd_split.flash_bwd_dkdv_split_kernel, bwd_split.launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta"]
-        tensors = tensors[:-1]
-    else:
+    else:  # (without dq_acc, the dQacc argument is a placeholder: lse)
         kernel, make = flash_bwd_dkdv_hopper_kernel, launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta", "dQacc"]
-        if dq_acc is None:  # the dQacc argument is a placeholder: lse
-            tensors = tensors[:-1] + (lse, )
+        tensors += (lse if dq_acc is None else dq_acc, ) + cu_seqlens
+        slots += ["cu_seqlens_q", "cu_seqlens_k"][:len(cu_seqlens)]
 
     def first():
         grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
-                                  *(() if dq_acc is None else (dq_acc, )))
+                                  *(() if dq_acc is None else (dq_acc, )), **({} if packed is None else
+                                                                             dict(packed=packed)))
         return Replay(kernel, grid, args, kwargs, slots)
     _REPLAYS.launch(key, q.device, tensors, first)

@@ -35,12 +35,14 @@ class Switches:
     CAUSAL: gl.constexpr
     DELTA_IN: gl.constexpr
     DQ_REDUCE: gl.constexpr
+    IS_VARLEN: gl.constexpr  # packed sequences (cu_seqlens): the dK/dV kernel's one pass
 
     @triton.constexpr_function
-    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN=False, DQ_REDUCE=False):
+    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN=False, DQ_REDUCE=False, IS_VARLEN=False):
         self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = gl.constexpr(HEAD_DIM), gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
         self.STAGES, self.CAUSAL = gl.constexpr(STAGES), gl.constexpr(CAUSAL)
         self.DELTA_IN, self.DQ_REDUCE = gl.constexpr(DELTA_IN), gl.constexpr(DQ_REDUCE)
+        self.IS_VARLEN = gl.constexpr(IS_VARLEN)
 
 
 @aggregate
@@ -246,15 +248,16 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
         mbarrier.invalidate(kv_free.index(i))
 
 
-def backward_descriptors(q, k, v, dout, q_block, k_block):
+def backward_descriptors(q, k, v, dout, q_block, k_block, varlen=False):
     """What every sm90 backward launch reads through TMA (calls bwd_hopper.supports accepts): descriptors of Q, K, V
     and dO over their 2-D views in boxes of ``q_block`` rows (Q, dO) and ``k_block`` rows (K, V), and the views' row
-    arithmetic, (rows per batch, rows per head, column of a head) for Q (dO is addressed like it) and for K."""
-    q_layout, *q_rows = view_layout(q, False)
-    k_layout, *k_rows = view_layout(k, False)
+    arithmetic, (rows per batch, rows per head, column of a head) for Q (dO is addressed like it) and for K;
+    ``varlen``: packed (total, nheads, headdim) tensors."""
+    q_layout, *q_rows = view_layout(q, varlen)
+    k_layout, *k_rows = view_layout(k, varlen)
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    views = ((view(q, q_layout), q_block), (view(k, k_layout), k_block), (view(v, view_layout(v, False)[0]), k_block),
-             (view(dout, view_layout(dout, False)[0]), q_block))
+    views = ((view(q, q_layout), q_block), (view(k, k_layout), k_block),
+             (view(v, view_layout(v, varlen)[0]), k_block), (view(dout, view_layout(dout, varlen)[0]), q_block))
     descs = tuple(descriptor(t, [block, q.shape[-1]], smem_layout(block, q.shape[-1], dtype)) for t, block in views)
     return descs, tuple(q_rows), tuple(k_rows)
 

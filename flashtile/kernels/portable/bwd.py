@@ -73,21 +73,25 @@ def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, LSE, Sinks, S
 
 
 @triton.jit
-def dq_cast_kernel(dQacc, dQ, stride_ab, stride_ah, stride_qb, stride_qn, stride_qh, seqlen_q, nheads, scale,
-                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def dq_cast_kernel(dQacc, dQ, cu_seqlens_q, stride_ab, stride_ah, stride_qb, stride_qn, stride_qh, seqlen_q, nheads,
+                   scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
     """dQ = scale · dQacc in dQ's dtype, for one 64-row Q tile of one head. dQacc holds each tile's two halves of the
-    columns in the order the sm90 single-pass kernel's threads wrote them (kernels/hopper/bwd.py, dq_tile_order)."""
+    columns in the order the sm90 single-pass kernel's threads wrote them (kernels/hopper/bwd.py, dq_tile_order).
+    Packed (IS_VARLEN): dQacc's batch is the sequence, whose rows start at cu_seqlens_q[b] in dQ (its batch stride
+    0); seqlen_q (dQacc's rows) bounds each."""
     COLS: tl.constexpr = HEAD_DIM // 2
     b = (tl.program_id(1) // nheads).to(tl.int64)
     h = (tl.program_id(1) % nheads).to(tl.int64)
+    q_start, rows = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, COLS)
     tile = dQacc + b * stride_ab + h * stride_ah + tl.program_id(0).to(tl.int64) * (BLOCK_M * HEAD_DIM)
     for half in tl.static_range(2):
         acc = tl.load(tile + half * BLOCK_M * COLS + tl.arange(0, BLOCK_M * COLS))  # in the threads' order
         acc = tl.reshape(tl.permute(tl.reshape(acc, [COLS // 8, 4, 8, 4, 2, 2]), (1, 4, 2, 0, 3, 5)), [BLOCK_M, COLS])
-        tl.store(dQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + half * COLS + offs_d[None, :],
-                 (acc * scale).to(dQ.dtype.element_ty), mask=(offs_m < seqlen_q)[:, None])
+        tl.store(dQ + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qn + half * COLS
+                 + offs_d[None, :], (acc * scale).to(dQ.dtype.element_ty),
+                 mask=((offs_m < rows) & (offs_m < seqlen_q))[:, None])
 
 
 @triton.jit
@@ -358,17 +362,20 @@ def _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros):
     return cdiv(max(seqlen_q, 0 if zeros is None else zeros.shape[2]), 64), batch * out.shape[-2]
 
 
-def launch_dq_cast(dq_acc, dq, scale):
+def launch_dq_cast(dq_acc, dq, scale, cu_seqlens_q=None):
     """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, two halves, 64 · headdim / 2
-    in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape)."""
-    key = launch_key((dq_acc, dq), "cast", scale)
+    in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape); with ``cu_seqlens_q``, dq
+    packed (total, nheads, headdim) and dq_acc's batch the sequences (rows past the last sequence left alone)."""
+    key = launch_key((dq_acc, dq, cu_seqlens_q), "cast", scale)
 
     def first():
-        batch, seqlen, nheads, head_dim = dq.shape
-        args = (dq_acc, dq, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale)
+        batch, nheads, rows, head_dim = dq_acc.shape
+        varlen = cu_seqlens_q is not None
+        seqlen = rows if varlen else dq.shape[1]
+        args = (dq_acc, dq, cu_seqlens_q, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale)
         return Replay(dq_cast_kernel, (cdiv(seqlen, 64), batch * nheads), args, dict(HEAD_DIM=head_dim, BLOCK_M=64,
-                      num_warps=4), ["dQacc", "dQ"])
-    _REPLAYS.launch(key, dq.device, (dq_acc, dq), first)
+                      IS_VARLEN=varlen, num_warps=4), ["dQacc", "dQ", "cu_seqlens_q"])
+    _REPLAYS.launch(key, dq.device, (dq_acc, dq, cu_seqlens_q), first)
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

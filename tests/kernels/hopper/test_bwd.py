@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 from bwd_checks import assert_grads_close, assert_graph_replays_like_eager, check, check_sinks, gradients
-from helpers import DTYPE_IDS, randn, torch_attention
+from helpers import DTYPE_IDS, poisoned_outputs, randn, torch_attention
 
 import flashtile
 from flashtile import configs, dispatch, reference
@@ -32,18 +32,48 @@ def test_backward_launch_arguments():
         assert kwargs["CAUSAL"] and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
 
 
+def test_packed_launch_arguments():
+    """Packed sequences (3-D q, k, v): the grid covers the longest sequence's keys for every (sequence, KV head); the
+    kernel takes cu_seqlens, the longest lengths (it bounds each sequence's by them), the bottom-right flag as diag,
+    no batch strides (dK, dV, the (nheads, total) LSE); dQacc has a batch entry per sequence."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    q, dout = torch.randn(300, 8, 128, dtype=torch.bfloat16), torch.randn(300, 8, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(8, 300)
+    cu_q, cu_k = torch.tensor([0, 100, 300], dtype=torch.int32), torch.tensor([0, 260, 500], dtype=torch.int32)
+    config = configs.BWD_HOPPER[(128, True)]
+    packed = (cu_q, cu_k, 200, 260)
+    dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, packed))
+    assert dq_acc.shape == (2, 8, 256, 128)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, True, True, config, dq_acc,
+                                                packed=packed)
+    values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
+    assert grid == (3, 4) and kwargs["IS_VARLEN"] and kwargs["DQ_REDUCE"]
+    assert (values["seqlen_q"], values["seqlen_k"], values["diag"]) == (200, 260, 1)
+    assert values["cu_seqlens_q"] is cu_q and values["cu_seqlens_k"] is cu_k
+    assert (values["stride_dkb"], values["stride_dkn"], values["stride_dkh"]) == (0, 256, 128)
+    assert (values["stride_lb"], values["stride_lh"]) == (0, 300)
+    assert values["q_rows_b"] == values["q_rows_h"] == 0 and values["q_col_h"] == 128
+    with pytest.raises(ValueError, match="packed sequences take the one pass"):
+        bwd_hopper.launch_bwd_hopper(dout, q, k, v, q, lse, q, dk, dv, 0.1, True, True, deterministic=True,
+                                     config=config, packed=packed)
+
+
 def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
-    "portable" never; other head dims, windows and packed batches stay portable."""
+    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic); other head
+    dims and windows stay portable."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     ok = GLUON_VERSION_OK
 
-    def taken(backend, seqlen_k, head_dim=128, window=(-1, 0), packed=False):
+    def taken(backend, seqlen_k, head_dim=128, window=(-1, 0), packed=False, deterministic=False):
         monkeypatch.setattr(configs, "BWD_BACKEND", backend)
         q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
         k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
-        return dispatch.backward(q, k, k, q, window, packed).kernel == "hopper/bwd.py"
+        tensors = [t.flatten(0, 1) for t in (q, k, k, q)] if packed else (q, k, k, q)
+        return dispatch.backward(*tensors, window, packed, deterministic).kernel == "hopper/bwd.py"
 
     assert {d for d, _ in configs.BWD_HOPPER} == {64, 128, 256}
     for (head_dim, causal), config in configs.BWD_HOPPER.items():
@@ -52,7 +82,9 @@ def test_backward_dispatch(monkeypatch):
     assert not taken("portable", 4096)
     assert not taken("auto", 4096, head_dim=96)
     assert not taken("auto", 4096, window=(256, 0))
-    assert not taken("auto", 4096, packed=True)
+    assert taken("auto", 4096, packed=True) == taken("auto", 4096, head_dim=64, packed=True) == ok
+    assert not taken("auto", 4096, packed=True, deterministic=True)
+    assert not taken("auto", 4096, head_dim=256, packed=True)
 
 
 @pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
@@ -276,6 +308,33 @@ def test_packed_qkv_read_in_place(head_dim, causal):
     ref = gradients(lambda qkv: reference.attention(*qkv.unbind(2), causal=causal)[0], (qkv, ), dout.double())
     base = gradients(lambda qkv: torch_attention(*qkv.unbind(2), causal, window), (qkv, ), dout)
     assert_grads_close(ours, ref, base)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_packed_sequences(head_dim, causal, dtype):
+    """flash_attn_varlen_func's gradients on the sm90 one pass: ragged sequences (one without queries, one without
+    keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q; against float64 within 2x
+    of PyTorch's own error, and those rows' dQ zero."""
+    from helpers import torch_attention_varlen, varlen_inputs
+    seqlens_q, seqlens_k = [5, 0, 700, 333, 1, 1024], [9, 12, 700, 1300, 0, 1024]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, head_dim, dtype)
+    q_pad = torch.cat([q, randn(19, 4, head_dim, dtype=dtype)])
+    dout = randn(*q_pad.shape, dtype=dtype)
+    packed = [t.detach() for t in (q_pad, k, v, dout)]
+    assert dispatch.backward(*packed, (-1, 0) if causal else (-1, -1), True).kernel == "hopper/bwd.py"
+    with poisoned_outputs():
+        out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, 1024, 1300, causal=causal), (q_pad, k, v), dout)
+    rows = q.shape[0]
+    assert torch.equal(dq[rows:], torch.zeros_like(dq[rows:]))
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)[0], (q, k, v),
+                    dout[:rows].double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, causal), (q, k, v), dout[:rows])
+    assert_grads_close((out[:rows], dq[:rows], dk, dv), ref, base)
 
 
 SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),

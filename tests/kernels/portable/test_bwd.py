@@ -330,6 +330,12 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     dq = torch.full((2, 77, 3, head_dim), float("nan"), dtype=torch.float16)
     bwd.launch_dq_cast(acc, dq, 0.25)
     assert torch.equal(dq, (full[:, :, :77] * 0.25).half().transpose(1, 2))
+    # packed: sequence b's rows from cu_seqlens[b], each at most dq_acc's 128 rows; rows past the last left alone
+    cu = torch.tensor([0, 77, 210], dtype=torch.int32, device=DEVICE)  # the second sequence: 133 rows, 128 written
+    dq = torch.full((215, 3, head_dim), float("nan"), dtype=torch.float16)
+    bwd.launch_dq_cast(acc, dq, 0.25, cu)
+    assert torch.equal(dq[:77], (full[0, :, :77] * 0.25).half().transpose(0, 1))
+    assert torch.equal(dq[77:205], (full[1] * 0.25).half().transpose(0, 1)) and dq[205:].isnan().all()
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
