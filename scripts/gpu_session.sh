@@ -3,7 +3,6 @@
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
-#        [bwd-varlen]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -122,17 +121,16 @@ for step in "$@"; do
       cp flashtile/viz/pipeline_trace.json "$out/" 2>/dev/null
       timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short tests/viz/test_pipeline.py 2>&1 | tail -20 \
         | tee -a "$out/pipeline-record.log" ;;
-    bwd-candidate)  # a backward candidate kept as a patch (BWD_PATCH; default run 51's dQ warp,
-      # docs/results/bwd-dq-warp-run51.md) on this copy of the tree: the sm90 backward's GPU tests with it, then its A/B
-      # against this tree's bwd.py, against a probe (this tree's bwd.py storing each dQ tile a second time: more
-      # shared-memory traffic, no more waits; docs/perf/backward.md, run 51's probes) and against the candidates of
-      # bwd.py alone in BWD_ALSO (default run 51's dQ added from registers); the patch is taken back after
-      patch=${BWD_PATCH:-docs/results/bwd-dq-warp-run51.patch}
+    bwd-candidate)  # a backward candidate kept as a patch (BWD_PATCH, required) on this copy of the tree: the sm90
+      # backward's GPU tests with it, then its A/B against this tree's bwd.py, against a probe (this tree's bwd.py storing
+      # each dQ tile a second time: more shared-memory traffic, no more waits; docs/perf/backward.md, run 52) and against
+      # the candidates of bwd.py alone in BWD_ALSO; the patch is taken back after
+      patch=${BWD_PATCH:?BWD_PATCH=<a patch of the tree> bash scripts/gpu_session.sh bwd-candidate}
       cp flashtile/kernels/hopper/bwd.py /tmp/bwd_before.py
       sed 's/^\(        tma_reduce_add(dQacc, \[row + r \* 4 \* DQ_COLS, 0\], dq_buf.slice(r \* 2 \* DQ_COLS, 2 \* DQ_COLS))\)$/\1\n    dq_buf.store(y)/' \
         /tmp/bwd_before.py > /tmp/bwd_store_twice.py
       others=(/tmp/bwd_before.py /tmp/bwd_store_twice.py)
-      for extra in ${BWD_ALSO-docs/results/bwd-dq-red-run51.patch}; do
+      for extra in ${BWD_ALSO:-}; do
         name=/tmp/$(basename "$extra" .patch | tr -- '-' '_').py
         patch -s -o "$name" /tmp/bwd_before.py "$extra" && others+=("$name")
       done
@@ -141,17 +139,6 @@ for step in "$@"; do
           tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-candidate.log"
         timeout 240 python3 scripts/bwd_hopper_ab.py --old "${others[@]}" --rounds 3 2>&1 | tee -a "$out/bwd-candidate.log"
         git apply -R "$patch"
-      fi ;;
-    bwd-varlen)  # run 51's packed-sequence candidate for the sm90 one pass (docs/results/bwd-varlen-run51.md) on this
-      # copy of the tree: the GPU tests it touches, then its A/B against the portable backward; taken back after.
-      # VARLEN_PATCH=docs/results/bwd-varlen-on-dq-warp-run51.patch once the dQ warp has landed
-      varlen_patch=${VARLEN_PATCH:-docs/results/bwd-varlen-run51.patch}
-      if git apply "$varlen_patch" 2> "$out/bwd-varlen.log"; then
-        timeout 240 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
-          tests/kernels/portable/test_bwd.py tests/test_api.py tests/integrations 2>&1 \
-          | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-varlen.log"
-        timeout 200 python3 scripts/varlen_bwd_ab.py --rounds 3 2>&1 | tee -a "$out/bwd-varlen.log"
-        git apply -R "$varlen_patch"
       fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
