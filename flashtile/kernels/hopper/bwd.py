@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from ... import configs
-from ..common.online_softmax import LOG2E
+from ..common.online_softmax import LN2, LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
 from ..portable import bwd as portable_bwd
@@ -89,7 +89,7 @@ class Smem:
 @aggregate
 class Grads:
     """Where a program's gradients go: dK and dV with their strides, the float32 dQ rows' strides per batch and head
-    (dQ itself is a descriptor, passed beside), and the scale dK takes (integers through common.as_tensor)."""
+    (dQ itself is a descriptor, passed beside); integers through common.as_tensor."""
     dK: gl.tensor
     dV: gl.tensor
     stride_dkb: gl.tensor
@@ -100,12 +100,11 @@ class Grads:
     stride_dvh: gl.tensor
     stride_dqb: gl.tensor
     stride_dqh: gl.tensor
-    softmax_scale: gl.tensor
 
     @triton.constexpr_function
     def __init__(self, dK, dV, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb,
-                 stride_dqh, softmax_scale):
-        self.dK, self.dV, self.softmax_scale = dK, dV, softmax_scale
+                 stride_dqh):
+        self.dK, self.dV = dK, dV
         self.stride_dkb, self.stride_dkn, self.stride_dkh = stride_dkb, stride_dkn, stride_dkh
         self.stride_dvb, self.stride_dvn, self.stride_dvh = stride_dvb, stride_dvn, stride_dvh
         self.stride_dqb, self.stride_dqh = stride_dqb, stride_dqh
@@ -120,9 +119,9 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _program(nheads_k, BLOCK_N: gl.constexpr):
+def _program(BLOCK_N: gl.constexpr):
     """(first key of the tile, batch (or sequence), KV head)."""
-    return gl.program_id(0) * BLOCK_N, gl.program_id(1) // nheads_k, gl.program_id(1) % nheads_k
+    return gl.program_id(0) * BLOCK_N, gl.program_id(2), gl.program_id(1)
 
 
 @gluon.jit
@@ -159,13 +158,13 @@ def _q_tiles(start_n, seqlen_q, seqlen_k, diag, BLOCK_M: gl.constexpr, CAUSAL: g
 
 
 @gluon.jit
-def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, stride_lb, stride_lh, diag,
+def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, stride_lb, stride_lh, diag,
                     group, cu_seqlens_q, cu_seqlens_k):
     """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn, and the
     tile's LSE and delta (loaded here, so that the consumers never wait on global memory)."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     rows_layout: gl.constexpr = gl.BlockedLayout([sw.BLOCK_M // 32], [32], [1], [0])
-    start_n, b, h_k = _program(nheads_k, sw.BLOCK_N)
+    start_n, b, h_k = _program(sw.BLOCK_N)
     q_row0, k_row0, seqlen_q, seqlen_k, diag = _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, sw.IS_VARLEN)
     k_row = k_row0 + h_k * vw.k_rows_h
     lse_row0 = q_row0 if sw.IS_VARLEN else 0  # packed LSE: (nheads, total rows)
@@ -229,8 +228,7 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale, cu_seqlens_q,
-              cu_seqlens_k):
+def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
@@ -239,7 +237,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group
     dq_layout: gl.constexpr = wgmma_layout(DQ_COLS)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
-    start_n, b, h_k = _program(nheads_k, sw.BLOCK_N)
+    start_n, b, h_k = _program(sw.BLOCK_N)
     _, k_row0, seqlen_q, seqlen_k, diag = _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, sw.IS_VARLEN)
     first_key = start_n + half * HALF_N
     last_key = first_key + HALF_N - 1
@@ -296,21 +294,21 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, nheads_k, diag, group
     if sw.DQ_REDUCE:
         tma.store_wait(0)
     k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
-    store_rows(dk * gr.softmax_scale, gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
+    store_rows(dk * (qk_scale * LN2), gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
                gr.stride_dkn, gr.stride_dkh, acc_layout)
     store_rows(dv, gr.dV, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh,
                acc_layout)
 
 
 @gluon.jit
-def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc, LSE, Delta, nheads_k, q_rows_b,
+def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc, LSE, Delta, q_rows_b,
                                  q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
                                  stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb,
-                                 stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, softmax_scale, cu_seqlens_q,
+                                 stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, cu_seqlens_q,
                                  cu_seqlens_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr,
                                  IS_VARLEN: gl.constexpr, REGS: gl.constexpr):
-    """Grid (K/V tiles of BLOCK_N keys of the longest sequence, batch (or sequences) · nheads_k). Packed
+    """Grid (K/V tiles of BLOCK_N keys of the longest sequence, KV heads, batch (or sequences)). Packed
     (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k unused; ``diag`` 1 for
     bottom-right causal, else 0 (see _sequence)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -341,13 +339,12 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
                 q_free, ds_ready)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
     gr = Grads(dK, dV, as_tensor(stride_dkb), as_tensor(stride_dkn), as_tensor(stride_dkh), as_tensor(stride_dvb),
-               as_tensor(stride_dvn), as_tensor(stride_dvh), as_tensor(stride_dqb), as_tensor(stride_dqh),
-               softmax_scale)
+               as_tensor(stride_dvn), as_tensor(stride_dvh), as_tensor(stride_dqb), as_tensor(stride_dqh))
     # a batch-mode cu_seqlens (None) cannot sit in an aggregate: each partition takes the two beside it
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
-        (_consumer, (1, sw, smem, vw, gr, dQacc, nheads_k, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
-        (_load_partition, (sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, nheads_k, stride_lb, stride_lh,
+        (_consumer, (0, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_consumer, (1, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_load_partition, (sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, stride_lb, stride_lh,
                            diag, group, cu_seqlens_q, cu_seqlens_k)),
     ], [4, 1], [REGS, 24])
 
@@ -380,16 +377,16 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
     batch = q.shape[0] if packed is None else cu_seqlens_q.numel() - 1
     diag = (1 if packed else seqlen_k - seqlen_q) if bottom_right else 0  # packed: each sequence's (_sequence)
-    grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
+    grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
     if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is head_dim of them, in dq_tile_order
         dq_arg = descriptor(dq_acc.view(-1, 32), [head_dim, 32], DQ_TILE_LAYOUT.value)
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     lse_strides = (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
-    args = (*descs, dk, dv, dq_arg, lse, delta, nheads_k, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
+    args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, nheads // nheads_k,
-            softmax_scale * LOG2E.value, softmax_scale, cu_seqlens_q, cu_seqlens_k)
+            softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
                   DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None, REGS=config.consumer_regs, num_warps=4,
                   maxnreg=168)

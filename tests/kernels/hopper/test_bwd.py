@@ -2,6 +2,7 @@
 order of its launches and its dispatch. GPU tier (`pytest -m gpu`): gradients at real sizes in both designs, CUDA
 graphs, the deterministic flag, the LSE's gradient."""
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -23,12 +24,13 @@ def test_backward_launch_arguments():
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     for bottom_right, diag in ((True, 200), (False, 0)):
         grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, bottom_right)
-        assert grid == (4, 4)
+        assert grid == (4, 2, 2)  # (K/V tiles, KV heads, batch)
         assert [d.block_shape for d in args[:4]] == [[64, 128], [64, 128], [64, 128], [64, 128]]
         names = bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names
         values = dict(zip(names, args))
         assert (values["seqlen_q"], values["seqlen_k"], values["diag"], values["group"]) == (300, 500, diag, 4)
         assert (values["q_rows_b"], values["q_col_h"], values["k_rows_b"], values["k_col_h"]) == (300, 128, 500, 128)
+        assert values["qk_scale"] == pytest.approx(0.1 * math.log2(math.e))  # dK's scale: qk_scale · ln 2
         assert kwargs["CAUSAL"] and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
 
 
@@ -49,7 +51,7 @@ def test_packed_launch_arguments():
     grid, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, True, True, config, dq_acc,
                                                 packed=packed)
     values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
-    assert grid == (3, 4) and kwargs["IS_VARLEN"] and kwargs["DQ_REDUCE"]
+    assert grid == (3, 2, 2) and kwargs["IS_VARLEN"] and kwargs["DQ_REDUCE"]
     assert (values["seqlen_q"], values["seqlen_k"], values["diag"]) == (200, 260, 1)
     assert values["cu_seqlens_q"] is cu_q and values["cu_seqlens_k"] is cu_k
     assert (values["stride_dkb"], values["stride_dkn"], values["stride_dkh"]) == (0, 256, 128)
