@@ -111,9 +111,9 @@ def grid(seqlens, head_dims, causals, inputs=("random", ), gqa=False):
                 for seqlen in seqlens:
                     yield dict(batch=max(1, TOKENS // seqlen), seqlen=seqlen, nheads=HIDDEN // head_dim,
                                nheads_k=HIDDEN // head_dim, head_dim=head_dim, causal=causal, inputs=kind)
-            if gqa:
-                for causal in causals:
-                    yield dict(batch=2, seqlen=8192, nheads=32, nheads_k=8, head_dim=128, causal=causal, inputs=kind)
+        if gqa:
+            for causal in causals:
+                yield dict(batch=2, seqlen=8192, nheads=32, nheads_k=8, head_dim=128, causal=causal, inputs=kind)
 
 
 def run_grid(shapes, peers, warmup, rep, rounds, backward):

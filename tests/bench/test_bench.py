@@ -205,6 +205,8 @@ def test_grid_adds_the_gqa_shape_and_each_distribution():
     shapes = list(grid([1024], [128], [True], ["random", "rising"], gqa=True))
     assert [(s["inputs"], s["seqlen"], s["nheads"], s["nheads_k"]) for s in shapes] == [
         ("random", 1024, 16, 16), ("random", 8192, 32, 8), ("rising", 1024, 16, 16), ("rising", 8192, 32, 8)]
+    shapes = list(grid([1024], [64, 128], [False], gqa=True))  # the GQA shape once, not once per head dim
+    assert [(s["head_dim"], s["nheads_k"]) for s in shapes] == [(64, 32), (128, 16), (128, 8)]
 
 
 def test_small_calls_time_back_to_back_calls_in_turns():
