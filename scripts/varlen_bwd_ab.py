@@ -1,6 +1,6 @@
-"""Packed sequences' backward on the sm90 one pass against the portable backward that served them before (run 51's
-candidate, docs/results/bwd-varlen-run51.md), in one process, taking turns: flash_attn_varlen_func forward +
-backward, bf16, 16k tokens in sequences of one length or of ragged lengths, H·D = 2048; do_bench medians.
+"""Packed sequences' backward on the sm90 one pass against the portable backward that served them before (v10 in
+docs/perf/backward.md), in one process, taking turns: flash_attn_varlen_func forward + backward, bf16, 16k tokens in
+sequences of one length or of ragged lengths, H·D = 2048; do_bench medians.
 
     PYTHONPATH=. python3 scripts/varlen_bwd_ab.py [--rounds 3]
 """
