@@ -1,7 +1,7 @@
 """The sm90 backward (kernels/hopper/bwd.launch_bwd_hopper, every launch of it) against other versions of
 kernels/hopper/bwd.py, in one process, taking turns:
 
-    PYTHONPATH=. python3 scripts/bwd_hopper_ab.py --old path/to/old/hopper/bwd.py [other.py ...] [--rounds 3]
+    PYTHONPATH=. python3 scripts/bwd_hopper_ab.py --old path/to/old/bwd.py [other.py ...] [--rounds 3] [--rep 100]
 
 Each other file is loaded as a module of flashtile.kernels.hopper (its relative imports resolve there), so only
 kernels/hopper/bwd.py may differ. Each shape (B·N = 16k tokens, H·D = 2048, bf16) times all with the shipped
@@ -26,6 +26,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="turns each version takes per shape")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--rep", type=float, default=100, help="do_bench repeats, ms (3000: a training job's clocks)")
     args = parser.parse_args()
     modules = {Path(path).stem: load_old(path, f"_bwd_old{i}", "flashtile.kernels.hopper")
                for i, path in enumerate(args.old)}
@@ -46,7 +47,7 @@ def main():
                     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
                     modules[name].launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, True)
                     grads[name] = (dq, dk, dv)
-                ms = median_ms({name: functools.partial(run, name) for name in modules}, args.rounds)
+                ms = median_ms({name: functools.partial(run, name) for name in modules}, args.rounds, rep=args.rep)
                 flops = 2.5 * 4 * b * h * n * n * d / (2 if causal else 1)
                 diff = "; ".join(", ".join(f"{(a.float() - c.float()).abs().max().item():.2g}"
                                            for a, c in zip(grads["new"], grads[name])) for name in others)
