@@ -49,6 +49,7 @@ from .common import (
     descriptor,
     register_operand_layout,
     same_rows,
+    sequence_rows,
     store_rows,
     view_layout,
     views,
@@ -129,16 +130,12 @@ def _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, IS_VARLEN: gl.constexpr):
     """Sequence b's first rows in the Q and K views, its lengths and causal offset. Batch mode: b's rows per batch
     and the launch's lengths and ``diag``; packed (IS_VARLEN): from cu_seqlens, ``diag`` 1 for bottom-right
     (each sequence's seqlen_k − seqlen_q) or 0."""
-    q_row = b * vw.q_rows_b
-    k_row = b * vw.k_rows_b
-    seqlen_q = vw.seqlen_q
-    seqlen_k = vw.seqlen_k
+    q_row, k_row, seqlen_q, seqlen_k = sequence_rows(b, b * vw.q_rows_b, b * vw.k_rows_b, vw.seqlen_q, vw.seqlen_k,
+                                                     cu_seqlens_q, cu_seqlens_k, IS_VARLEN)
     if IS_VARLEN:  # (the launch's seqlen_q, seqlen_k: the longest, which dQacc and the grid are sized for)
-        q_row = gl.load(cu_seqlens_q + b)
-        k_row = gl.load(cu_seqlens_k + b)
-        seqlen_q = gl.minimum(gl.load(cu_seqlens_q + b + 1) - q_row, vw.seqlen_q)
-        seqlen_k = gl.minimum(gl.load(cu_seqlens_k + b + 1) - k_row, vw.seqlen_k)
-        diag = (gl.load(cu_seqlens_k + b + 1) - k_row - gl.load(cu_seqlens_q + b + 1) + q_row) * diag
+        diag = (seqlen_k - seqlen_q) * diag
+        seqlen_q = gl.minimum(seqlen_q, vw.seqlen_q)
+        seqlen_k = gl.minimum(seqlen_k, vw.seqlen_k)
     return q_row, k_row, seqlen_q, seqlen_k, diag
 
 

@@ -71,6 +71,18 @@ def views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, se
 
 
 @gluon.jit
+def sequence_rows(b, q_row, k_row, seqlen_q, seqlen_k, cu_seqlens_q, cu_seqlens_k, IS_VARLEN: gl.constexpr):
+    """Sequence b's first rows in the Q and K 2-D views and its lengths: the batch-mode values given, or, packed, from
+    cu_seqlens."""
+    if IS_VARLEN:
+        q_row = gl.load(cu_seqlens_q + b)
+        k_row = gl.load(cu_seqlens_k + b)
+        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row
+        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row
+    return q_row, k_row, seqlen_q, seqlen_k
+
+
+@gluon.jit
 def as_tensor(x):
     """An integer kernel argument as a tensor: one equal to 1 (or unused) arrives as a constant, which an aggregate's
     tensor field does not take."""

@@ -13,6 +13,7 @@ from triton.experimental.gluon import language as gl
 
 from ..common.replay import stream_handle
 from ..common.tiles import cdiv
+from .common import sequence_rows
 
 WG_M = gl.constexpr(64)  # Q rows per consumer warpgroup (one m64 wgmma); BLOCK_M // WG_M consumers
 REDO_QUEUE = gl.constexpr(3)  # counter: [0] claims, [1] codes queued for the redo, [2] programs done, queue
@@ -86,13 +87,9 @@ def tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h
     start_m = m * BLOCK_M
     b = bh // nheads
     h = bh % nheads
-    q_row = b * q_rows_b + h * q_rows_h
-    k_row = b * k_rows_b + (h // group) * k_rows_h
-    if IS_VARLEN:
-        q_row = gl.load(cu_seqlens_q + b)
-        k_row = gl.load(cu_seqlens_k + b)
-        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row
-        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row
+    q_row, k_row, seqlen_q, seqlen_k = sequence_rows(b, b * q_rows_b + h * q_rows_h,
+                                                     b * k_rows_b + (h // group) * k_rows_h, seqlen_q, seqlen_k,
+                                                     cu_seqlens_q, cu_seqlens_k, IS_VARLEN)
     diag = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
     hi = seqlen_k
     full_hi = seqlen_k
