@@ -117,13 +117,13 @@ def _gluon_backward_rows(function, extra=""):
 
 def test_hopper_backward_compiles_for_sm90():
     """kernels/hopper/bwd.py: warp-specialized, wgmma asynchronous, within shared memory. At D=128 causal with GQA
-    it spills a few loop-invariant scalars (ptxas -v: 24 bytes; its branch that masks only the diagonal tiles costs
-    registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md); otherwise none."""
+    it spills a few loop-invariant scalars outside the loops (ptxas -v: 48 bytes; its branch that masks only the
+    diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md); otherwise none."""
     for row in _gluon_backward_rows("compile_hopper_bwd") + _gluon_backward_rows("compile_hopper_bwd", ", False, 64"):
         block_m = configs.BWD_HOPPER[(row["head_dim"], row["causal"])].block_m
         k_steps = 2 * (row["head_dim"] // 16) + 2 * block_m // 16  # Sᵀ, dPᵀ over the head dim; dV, dK over Q rows
         assert row["wgmma"] == 2 * k_steps, row  # two consumers
-        assert row["local"] <= (24 if row["head_dim"] == 128 and row["causal"] else 0), row
+        assert row["local"] <= (48 if row["head_dim"] == 128 and row["causal"] else 0), row
         assert row["atomics"] == row["tma_reduce"] == 0, row
 
 
@@ -131,7 +131,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
     """kernels/hopper/bwd.py in one pass: each consumer adds dS K for its half of dQ's columns over both consumers'
     keys (two more products), handed to the copy engine as [D, 32] float32 boxes of 64 rows each, no atomics; wgmma
     asynchronous; batch mode and packed sequences. No spills at D=128; D=64's 128-row tiles spill a few bytes and
-    measured faster anyway (docs/perf/backward.md, v9; packed, causal: 112 bytes)."""
+    measured faster anyway (docs/perf/backward.md, v9 and v12)."""
     for row in (_gluon_backward_rows("compile_hopper_bwd", ", True")
                 + _gluon_backward_rows("compile_hopper_bwd", ", True, 64")
                 + _gluon_backward_rows("compile_hopper_bwd", ", True, 128, True")
@@ -140,7 +140,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
         k_steps = 2 * (row["head_dim"] // 16) + 2 * block_m // 16  # as above
         k_steps += block_m // 64 * 2 * 4  # ... and dQ: 64-row products over each consumer's 64 keys
         assert row["wgmma"] == 2 * k_steps, row
-        limit = {(64, False): 28, (64, True): 112 if row["varlen"] else 104}
+        limit = {(64, False): 40 if row["varlen"] else 24, (64, True): 208 if row["varlen"] else 188}
         assert row["local"] <= limit.get((row["head_dim"], row["causal"]), 0), row
         assert row["tma_reduce"] == 2 * block_m // 64 and row["atomics"] == 0, row
 

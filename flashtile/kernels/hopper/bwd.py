@@ -48,6 +48,7 @@ from .common import (
     as_tensor,
     descriptor,
     register_operand_layout,
+    row_run_layout,
     same_rows,
     sequence_rows,
     store_rows,
@@ -291,10 +292,13 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
     if sw.DQ_REDUCE:
         tma.store_wait(0)
     k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
-    store_rows(dk * (qk_scale * LN2), gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
-               gr.stride_dkn, gr.stride_dkh, acc_layout)
+    store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)  # 16-byte runs of a row per store
+    dv = gl.convert_layout(dv.to(gr.dV.dtype.element_ty), store_layout)
     store_rows(dv, gr.dV, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh,
-               acc_layout)
+               store_layout)
+    dk = gl.convert_layout((dk * (qk_scale * LN2)).to(gr.dK.dtype.element_ty), store_layout)
+    store_rows(dk, gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb, gr.stride_dkn, gr.stride_dkh,
+               store_layout)
 
 
 @gluon.jit
@@ -329,8 +333,9 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
         mbarrier.init(q_ready.index(i), count=2)  # Q's bytes, then the rows' LSE and delta
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(ds_ready.index(i), count=2)
+    if DQ_REDUCE:  # (no barrier set up that is never used: Triton may lay a conversion's scratch over a dead one)
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=2)
     sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE, IS_VARLEN=IS_VARLEN)
     smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                 q_free, ds_ready)
