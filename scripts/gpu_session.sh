@@ -122,22 +122,22 @@ for step in "$@"; do
       timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short tests/viz/test_pipeline.py 2>&1 | tail -20 \
         | tee -a "$out/pipeline-record.log" ;;
     bwd-candidate)  # a backward candidate kept as a patch (BWD_PATCH, required) on this copy of the tree: the sm90
-      # backward's GPU tests with it, then its A/B against this tree's bwd.py, against a probe (this tree's bwd.py storing
-      # each dQ tile a second time: more shared-memory traffic, no more waits; docs/perf/backward.md, run 52) and against
-      # the candidates of bwd.py alone in BWD_ALSO; the patch is taken back after
+      # backward's GPU tests with it, then its A/B against this tree's kernels/hopper (the whole folder, so that a patch
+      # of common.py, bwd_dq.py or bwd_split.py counts) and against the candidates of bwd.py alone in BWD_ALSO, with
+      # BWD_AB_ARGS passed on (e.g. "--head-dims 64 128 256 --rep 1000", or "--deterministic"); the patch is taken
+      # back after
       patch=${BWD_PATCH:?BWD_PATCH=<a patch of the tree> bash scripts/gpu_session.sh bwd-candidate}
-      cp flashtile/kernels/hopper/bwd.py /tmp/bwd_before.py
-      sed 's/^\(        tma_reduce_add(dQacc, \[row + r \* 4 \* DQ_COLS, 0\], dq_buf.slice(r \* 2 \* DQ_COLS, 2 \* DQ_COLS))\)$/\1\n    dq_buf.store(y)/' \
-        /tmp/bwd_before.py > /tmp/bwd_store_twice.py
-      others=(/tmp/bwd_before.py /tmp/bwd_store_twice.py)
+      rm -rf /tmp/hopper_before && cp -r flashtile/kernels/hopper /tmp/hopper_before
+      others=(/tmp/hopper_before)
       for extra in ${BWD_ALSO:-}; do
         name=/tmp/$(basename "$extra" .patch | tr -- '-' '_').py
-        patch -s -o "$name" /tmp/bwd_before.py "$extra" && others+=("$name")
+        patch -s -o "$name" flashtile/kernels/hopper/bwd.py "$extra" && others+=("$name")
       done
       if git apply "$patch" 2> "$out/bwd-candidate.log"; then
         timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf \
           tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/bwd-candidate.log"
-        timeout 240 python3 scripts/bwd_hopper_ab.py --old "${others[@]}" --rounds 3 2>&1 | tee -a "$out/bwd-candidate.log"
+        timeout 300 python3 scripts/bwd_hopper_ab.py --old "${others[@]}" --rounds 3 ${BWD_AB_ARGS:-} 2>&1 \
+          | tee -a "$out/bwd-candidate.log"
         git apply -R "$patch"
       fi ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \

@@ -125,6 +125,7 @@ def test_hopper_backward_compiles_for_sm90():
         assert row["wgmma"] == 2 * k_steps, row  # two consumers
         assert row["local"] <= (48 if row["head_dim"] == 128 and row["causal"] else 0), row
         assert row["atomics"] == row["tma_reduce"] == 0, row
+        assert row["global_stores"]["all"] == row["global_stores"]["v4"] > 0, row  # dK, dV in 16-byte runs of a row
 
 
 def test_hopper_single_pass_backward_compiles_for_sm90():
@@ -143,6 +144,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
         limit = {(64, False): 40 if row["varlen"] else 24, (64, True): 208 if row["varlen"] else 188}
         assert row["local"] <= limit.get((row["head_dim"], row["causal"]), 0), row
         assert row["tma_reduce"] == 2 * block_m // 64 and row["atomics"] == 0, row
+        assert row["global_stores"]["all"] == row["global_stores"]["v4"] > 0, row  # dK, dV in 16-byte runs of a row
 
 
 @pytest.mark.parametrize("delta_in", [False, True], ids=["delta-here", "delta-in"])
