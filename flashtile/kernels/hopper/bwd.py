@@ -293,12 +293,10 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         tma.store_wait(0)
     k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
     store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)  # 16-byte runs of a row per store
-    dv = gl.convert_layout(dv.to(gr.dV.dtype.element_ty), store_layout)
     store_rows(dv, gr.dV, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh,
                store_layout)
-    dk = gl.convert_layout((dk * (qk_scale * LN2)).to(gr.dK.dtype.element_ty), store_layout)
-    store_rows(dk, gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb, gr.stride_dkn, gr.stride_dkh,
-               store_layout)
+    store_rows(dk * (qk_scale * LN2), gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
+               gr.stride_dkn, gr.stride_dkh, store_layout)
 
 
 @gluon.jit
