@@ -151,11 +151,12 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
 def test_hopper_dq_compiles_for_sm90(head_dim, delta_in):
     """kernels/hopper/bwd_dq.py with each head dim's shipped tiles, computing delta or reading it: warp-specialized,
-    wgmma asynchronous, no spills, within shared memory."""
+    wgmma asynchronous, no spills, within shared memory, dQ stored in 16-byte runs."""
     rows = _gluon_backward_rows("compile_hopper_dq", f", None, {head_dim}, {delta_in}")
     for row, causal in zip(rows, (False, True)):
         block_n = configs.BWD_HOPPER[(head_dim, causal)].dq_hopper.block_n
         assert row["wgmma"] == 2 * (2 * head_dim // 16 + block_n // 16) and row["local"] == 0, row  # S, dP; dQ
+        assert row["global_stores"]["v4"] == 2 * head_dim // 16, row  # dQ in 16-byte runs of a row, two consumers
 
 
 @pytest.mark.parametrize("nheads_k", [1, 2, 8], ids=lambda h: f"hk{h}")
@@ -166,6 +167,7 @@ def test_hopper_split_backward_compiles_for_sm90(nheads_k):
     for row in _gluon_backward_rows("compile_hopper_split", f", {nheads_k}"):
         assert row["wgmma"] == 2 * (256 // 16) + 2 * (64 // 16) and row["local"] == 0, row
         assert row["wgmma_rs"] == 2 * (64 // 16) and row["atomics"] == 0, row  # Pᵀ and dSᵀ from registers
+        assert row["global_stores"]["all"] == row["global_stores"]["v4"] > 0, row  # dK, dV in 16-byte runs of a row
 
 
 def test_hopper_forward_192_rows_compiles_for_sm90():

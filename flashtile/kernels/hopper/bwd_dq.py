@@ -20,7 +20,18 @@ from triton.language.core import _aggregate as aggregate
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
-from .common import as_tensor, descriptor, register_operand_layout, smem_layout, view, view_layout, views, wgmma_layout
+from .common import (
+    as_tensor,
+    descriptor,
+    register_operand_layout,
+    row_run_layout,
+    smem_layout,
+    store_rows,
+    view,
+    view_layout,
+    views,
+    wgmma_layout,
+)
 
 
 @aggregate
@@ -197,12 +208,8 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(smem.kv_free.index(stage))
 
-    rows = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    dq_base = (ops.dQ + b.to(gl.int64) * ops.stride_dqb + h.to(gl.int64) * ops.stride_dqh
-               + rows_start.to(gl.int64) * ops.stride_dqn)
-    gl.store(dq_base + (rows - rows_start)[:, None] * ops.stride_dqn + cols[None, :],
-             (dq * ops.softmax_scale).to(dtype), mask=(rows < vw.seqlen_q)[:, None])
+    store_rows(dq * ops.softmax_scale, ops.dQ, b, h, rows_start, vw.seqlen_q, ops.stride_dqb, ops.stride_dqn,
+               ops.stride_dqh, row_run_layout(sw.HEAD_DIM))
 
 
 @gluon.jit

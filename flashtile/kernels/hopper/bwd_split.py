@@ -22,7 +22,7 @@ from triton.language.core import _aggregate as aggregate
 from ..common.online_softmax import LOG2E
 from ..common.tiles import cdiv
 from .bwd_dq import backward_descriptors
-from .common import Views, as_tensor, register_operand_layout, store_rows, views, wgmma_layout
+from .common import Views, as_tensor, register_operand_layout, row_run_layout, store_rows, views, wgmma_layout
 
 
 @aggregate
@@ -160,7 +160,7 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
                            is_async=True)
         dv = warpgroup_mma_wait(0, deps=(dv, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dv, dV, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+    store_rows(dv, dV, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h, row_run_layout(pb.HEAD_DIM))
 
 
 @gluon.jit
@@ -191,7 +191,8 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
                            is_async=True)
         dk = warpgroup_mma_wait(0, deps=(dk, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h, acc_layout)
+    store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h,
+               row_run_layout(pb.HEAD_DIM))
 
 
 @gluon.jit

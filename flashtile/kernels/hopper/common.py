@@ -36,7 +36,8 @@ def row_run_layout(n):
     """A warpgroup's [64, n] tile with each thread holding runs of 8 columns of a row (16-byte stores, whole
     32-byte sectors per quad of lanes): the wgmma result layout with two lane bits and two register bits swapped
     (columns 2, 4 against 8, 16). Values move only within quads, but triton 3.6 converts through shared
-    memory, ~2 KB of scratch per consumer warpgroup: D=128's ring leaves 2.6 KB for two, so only D=64 uses it."""
+    memory (scratch per consumer warpgroup): the backwards convert after their loops, the forward only where its
+    ring leaves room (D=64)."""
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, c] for c in (32, 64, 128) if c < n],
         lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]], block_bases=[],
@@ -91,7 +92,7 @@ def as_tensor(x):
 
 @gluon.jit
 def store_rows(acc, Out, b, h_k, start_n, seqlen_k, stride_b, stride_n, stride_h, layout: gl.constexpr):
-    """A [rows, HEAD_DIM] tile of a backward's dK or dV into rows start_n.. of Out (batch b, KV head h_k) in Out's
+    """A [rows, HEAD_DIM] tile of a backward's dK, dV or dQ into rows start_n.. of Out (batch b, head h_k) in Out's
     dtype, stored from ``layout`` (the tile is converted to it first, after the cast: row_run_layout for 16-byte runs
     of a row, or the tile's own), rows past seqlen_k left alone (32-bit offsets from a 64-bit base: a tile of 64-bit
     pointers would take a register each)."""
