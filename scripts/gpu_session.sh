@@ -3,6 +3,7 @@
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
+#        [ncu-bwd-peers]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -10,7 +11,7 @@
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # (a PYTHONPATH given, e.g. FA4's, kept)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 for step in "$@"; do
   case $step in
@@ -140,6 +141,20 @@ for step in "$@"; do
           | tee -a "$out/bwd-candidate.log"
         git apply -R "$patch"
       fi ;;
+    ncu-bwd-peers)  # issue 36: the backward's kernels, ours and FA4's (PYTHONPATH with FA4, ../shared/anchors/FA4.md),
+      # per-kernel sections (pipes, shared memory, issue, stalls) at the shapes in NCU_SHAPES ("d n causal" triples
+      # separated by ";")
+      IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 16384 0;64 2048 1}"
+      for shape in "${shapes[@]}"; do
+        read -r d n c <<< "$shape"; flag=""; [ "$c" = 1 ] && flag=--causal
+        for peer in ${NCU_PEERS:-flashtile FA4}; do
+          name=$out/bwd-$peer-d$d-n$n-c$c
+          timeout 200 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section InstructionStats \
+            -o "$name" python3 scripts/ncu_bwd.py --seqlen "$n" --head-dim "$d" $flag --peer $peer > "$name.log" 2>&1
+          ncu --import "$name.ncu-rep" --page details --csv > "$name.csv" && rm -f "$name.ncu-rep"
+        done
+      done ;;
     bench-quick) python3 -m flashtile.bench --out "$out/bench" --seqlens 2048 4096 16384 --memory-seqlens \
                    2>&1 | grep -v '%|' | tee "$out/bench.log" ;;
   esac
