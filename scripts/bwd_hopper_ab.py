@@ -14,6 +14,7 @@ largest difference of each from the new one's gradients.
 import argparse
 import functools
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 

@@ -91,16 +91,16 @@ def as_tensor(x):
 
 
 @gluon.jit
-def store_rows(acc, Out, b, h_k, start_n, seqlen_k, stride_b, stride_n, stride_h, layout: gl.constexpr):
-    """A [rows, HEAD_DIM] tile of a backward's dK, dV or dQ into rows start_n.. of Out (batch b, head h_k) in Out's
-    dtype, stored from ``layout`` (the tile is converted to it first, after the cast: row_run_layout for 16-byte runs
-    of a row, or the tile's own), rows past seqlen_k left alone (32-bit offsets from a 64-bit base: a tile of 64-bit
-    pointers would take a register each)."""
+def store_rows(acc, Out, b, h, start, seqlen, stride_b, stride_n, stride_h, layout: gl.constexpr):
+    """A [rows, HEAD_DIM] tile of a backward's dK, dV or dQ into rows start.. of Out (batch b, head h) in Out's dtype,
+    stored from ``layout`` (the tile is converted to it first, after the cast: row_run_layout for 16-byte runs of a
+    row, or the tile's own), rows past seqlen left alone (32-bit offsets from a 64-bit base: a tile of 64-bit pointers
+    would take a register each)."""
     acc = gl.convert_layout(acc.to(Out.dtype.element_ty), layout)
     rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-    base = Out + b.to(gl.int64) * stride_b + h_k.to(gl.int64) * stride_h + start_n.to(gl.int64) * stride_n
-    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc, mask=(start_n + rows < seqlen_k)[:, None])
+    base = Out + b.to(gl.int64) * stride_b + h.to(gl.int64) * stride_h + start.to(gl.int64) * stride_n
+    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc, mask=(start + rows < seqlen)[:, None])
 
 
 def view_layout(t, varlen):
