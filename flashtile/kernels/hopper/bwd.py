@@ -12,8 +12,10 @@ the keys are masked.
 dQ, two designs (configs.HopperBwdConfig.single_pass):
 - one pass (DQ_REDUCE): both consumers store their dSᵀ in shared memory, and each computes half of the Q tile's dQ
   columns over all 128 keys (dS K, two more products) and hands them to the copy engine, which adds them into a
-  float32 dQ in L2 (cp.reduce.async.bulk.tensor; not bitwise reproducible). A preprocess launch writes delta and
-  zeroes that dQ first, a cast launch scales it into dq after (kernels/portable/bwd.py);
+  float32 dQ in L2 (cp.reduce.async.bulk.tensor; not bitwise reproducible). A consumer does this a step late, for
+  the previous Q tile, so that the two warpgroups need not meet every step (the first step's products are issued
+  and dropped, which keeps the loop's code one; the last tile's come after the loop). A preprocess launch writes
+  delta and zeroes that dQ first, a cast launch scales it into dq after (kernels/portable/bwd.py);
 - two kernels: dQ by a kernel launched first, which also writes delta = rowsum(dO ∘ O) for this one: the Gluon
   dQ kernel (kernels/hopper/bwd_dq.py), without atomics, so ``deterministic=True`` takes this design.
 
@@ -65,8 +67,8 @@ DQ_TILE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element
 class Smem:
     """The program's shared memory: both warpgroups' K and V rows; a ring of Q and dO tiles with their rows' LSE (in
     log2 units) and delta (ready once loaded, free once both warpgroups are done with them); with DQ_REDUCE, the dSᵀ
-    tiles both warpgroups read for dQ (ready once both stored theirs) and each warpgroup's float32 dQ tile on its way
-    to the copy engine."""
+    tiles both warpgroups read for dQ (ready once both stored theirs, free once both read them) and each warpgroup's
+    float32 dQ tile on its way to the copy engine."""
     q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM]
     do: gl.shared_memory_descriptor
     lse: gl.shared_memory_descriptor  # [STAGES, BLOCK_M]
@@ -80,12 +82,13 @@ class Smem:
     do_ready: gl.shared_memory_descriptor
     q_free: gl.shared_memory_descriptor
     ds_ready: gl.shared_memory_descriptor
+    ds_free: gl.shared_memory_descriptor
 
     @triton.constexpr_function
-    def __init__(self, q, do, lse, delta, k, v, ds, dq, kv_bar, q_ready, do_ready, q_free, ds_ready):
+    def __init__(self, q, do, lse, delta, k, v, ds, dq, kv_bar, q_ready, do_ready, q_free, ds_ready, ds_free):
         self.q, self.do, self.lse, self.delta, self.k, self.v, self.ds, self.dq = q, do, lse, delta, k, v, ds, dq
         self.kv_bar, self.q_ready, self.do_ready = kv_bar, q_ready, do_ready
-        self.q_free, self.ds_ready = q_free, ds_ready
+        self.q_free, self.ds_ready, self.ds_free = q_free, ds_ready, ds_free
 
 
 @aggregate
@@ -207,6 +210,15 @@ def _dq_products(ds_smem, k_smem, ds_ready, t, half: gl.constexpr, dq_zero, DQ_C
 
 
 @gluon.jit
+def _dq_row(sw, gr, b, h_k, group, lo, hi, t, half: gl.constexpr):
+    """Where step t's share of dQ goes in dQacc (rows of 32 floats): its query head and Q tile, this warpgroup's
+    half."""
+    h = h_k * group + t // (hi - lo)
+    tile_row = b * gr.stride_dqb + h * gr.stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
+    return tile_row + half * (sw.HEAD_DIM // 2) * 2
+
+
+@gluon.jit
 def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
     """Hands this warpgroup's [BLOCK_M, DQ_COLS] share of one Q tile's dQ to the copy engine, which adds it into
     dQacc, 64 rows at a time: rows r·64.. at ``row`` + r·4·DQ_COLS (rows of 32 floats). Each 64 travel in the order
@@ -246,12 +258,13 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
     dk = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
     dq_zero = gl.zeros([sw.BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    # the LSE read under the products where it is 16 registers a thread and ptxas keeps them (the one pass, 64 rows)
+    LSE_EARLY: gl.constexpr = sw.DQ_REDUCE and sw.BLOCK_M == 64
     if sw.DQ_REDUCE:
         gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
     lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
-        h = h_k * group + t // (hi - lo)
         stage = t % sw.STAGES
         phase = (t // sw.STAGES) & 1
         q_tile = smem.q.index(stage)
@@ -261,8 +274,11 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         s_t = warpgroup_mma(k_half, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.wait(smem.do_ready.index(stage), phase)
         dp_t = warpgroup_mma(v_half, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if LSE_EARLY:
+            lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         s_t = warpgroup_mma_wait(1, deps=(s_t, ))  # [HALF_N, BLOCK_M]
-        lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
+        if not LSE_EARLY:
+            lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
         if sw.CAUSAL:
             if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # diagonal, end
@@ -275,21 +291,29 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
         if sw.DQ_REDUCE:  # dQ = dS K over both warpgroups' keys; this one takes columns [half·DQ_COLS, +DQ_COLS)
-            smem.ds.index((t % 2) * 2 + half).store(ds_t)  # rewritten two steps on, after both read it
+            mbarrier.wait(smem.ds_free.index(t % 2), ((t // 2) & 1) ^ 1)  # both have read step t − 2's
+            smem.ds.index((t % 2) * 2 + half).store(ds_t)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(smem.ds_ready.index(t % 2))
-            dq = _dq_products(smem.ds, smem.k, smem.ds_ready, t, half, dq_zero, DQ_COLS)
+            # the previous step's dQ, so that the other warpgroup may still be a step behind (the first step's twice)
+            dq = _dq_products(smem.ds, smem.k, smem.ds_ready, gl.maximum(t - 1, 0), half, dq_zero, DQ_COLS)
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dq: [BLOCK_M, DQ_COLS], handed on under dK's product
-            tile_row = b * gr.stride_dqb + h * gr.stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
-            _dq_reduce(dq, smem.dq, dQacc, tile_row + half * 2 * DQ_COLS, half)
+            if t > 0:
+                _dq_reduce(dq, smem.dq, dQacc, _dq_row(sw, gr, b, h_k, group, lo, hi, t - 1, half), half)
+                mbarrier.arrive(smem.ds_free.index((t - 1) % 2))
             dk = warpgroup_mma_wait(0, deps=(dk, ))
         else:
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
         mbarrier.arrive(smem.q_free.index(stage))
     if sw.DQ_REDUCE:
+        steps = group * (hi - lo)
+        if steps > 0:  # the last step's dQ
+            dq = _dq_products(smem.ds, smem.k, smem.ds_ready, steps - 1, half, dq_zero, DQ_COLS)
+            dq = warpgroup_mma_wait(0, deps=(dq, ))
+            _dq_reduce(dq, smem.dq, dQacc, _dq_row(sw, gr, b, h_k, group, lo, hi, steps - 1, half), half)
         tma.store_wait(0)
     k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
     store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)  # 16-byte runs of a row per store
@@ -322,6 +346,7 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], q_desc.dtype))
     dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, BLOCK_M // 64 * HEAD_DIM, 32], DQ_TILE_LAYOUT)
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -334,9 +359,10 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     if DQ_REDUCE:  # (no barrier set up that is never used: Triton may lay a conversion's scratch over a dead one)
         for i in gl.static_range(2):
             mbarrier.init(ds_ready.index(i), count=2)
+            mbarrier.init(ds_free.index(i), count=2)
     sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE, IS_VARLEN=IS_VARLEN)
     smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
-                q_free, ds_ready)
+                q_free, ds_ready, ds_free)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
     gr = Grads(dK, dV, as_tensor(stride_dkb), as_tensor(stride_dkn), as_tensor(stride_dkh), as_tensor(stride_dvb),
                as_tensor(stride_dvn), as_tensor(stride_dvh), as_tensor(stride_dqb), as_tensor(stride_dqh))
