@@ -4,11 +4,11 @@
 
 The shipped kernels/hopper/bwd.py is copied with clock reads (%clock64, %smid, %globaltimer) written into a
 [programs, 16] int64 table: the first consumer warpgroup's entry, K/V ready, first Q tile ready, first step done,
-loop done, the copy engine's reads of dQ done, dK/dV stored; the second consumer's entry and end; the loader's entry,
-its K/V issue and its end; the program's step count. Each case (D, causal, N at B·N = 16k, H·D = 2048, bf16, O and
-LSE from the forward) prints the medians of each phase in µs, a step's cost early and late, the gap on an SM between
-one program's end and the next one's start, and how busy the SMs were over the launch (the tail). The probe's own
-cost: the backward's time with and without the records (do_bench medians).
+loop done, the last tile's dQ handed on and the copy engine's reads of dQ done, dK/dV stored; the second consumer's
+entry and end; the loader's entry, its K/V issue and its end; the program's step count. Each case (D, causal, N at
+B·N = 16k, H·D = 2048, bf16, O and LSE from the forward) prints the medians of each phase in µs, a step's cost early
+and late, the gap on an SM between one program's end and the next one's start, and how busy the SMs were over the
+launch (the tail). The probe's own cost: the backward's time with and without the records (do_bench medians).
 """
 import argparse
 import json
@@ -79,12 +79,13 @@ PATCHES = [
      "        mbarrier.wait(smem.q_ready.index(stage), phase)\n"
      "        if half == 0:\n            if t == 0:\n                _rec(REC, 4, _clock())\n"
      "        s_t = warpgroup_mma(", 1),
-    ("        mbarrier.arrive(smem.q_free.index(stage))\n    if sw.DQ_REDUCE:\n        tma.store_wait(0)\n",
+    ("        mbarrier.arrive(smem.q_free.index(stage))\n    if sw.DQ_REDUCE:\n",
      "        mbarrier.arrive(smem.q_free.index(stage))\n"
      "        if half == 0:\n            if t == 0:\n                _rec(REC, 15, _clock())\n"
      "    if half == 0:\n        _rec(REC, 5, _clock())\n"
-     "    if sw.DQ_REDUCE:\n        tma.store_wait(0)\n"
-     "    if half == 0:\n        _rec(REC, 6, _clock())\n", 1),
+     "    if sw.DQ_REDUCE:\n", 1),
+    ("        tma.store_wait(0)\n    k_base",
+     "        tma.store_wait(0)\n    if half == 0:\n        _rec(REC, 6, _clock())\n    k_base", 1),
     ("\n\n\n@gluon.jit\ndef flash_bwd_dkdv_hopper_kernel(",
      "\n    if half == 0:\n        _rec(REC, 7, _clock())\n        _rec(REC, 14, _ns())\n"
      "    else:\n        _rec(REC, 9, _clock())\n\n\n@gluon.jit\ndef flash_bwd_dkdv_hopper_kernel(", 1),

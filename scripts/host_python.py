@@ -27,14 +27,23 @@ class _Descriptor:
 
 
 class _FoundReplay:
-    """What fwd_launch's replay cache holds after a key's first call, minus the compiled kernel."""
+    """What fwd_launch's replay cache holds after a key's first call, its raw launch with a C launcher that does
+    nothing: four descriptor slots, then eight tensors and twenty integers (``run`` takes descriptors in the first
+    four slots, ``launch`` tensors)."""
     stage_o = True
 
     def __init__(self, q):
         self.descriptors = [_Descriptor(q) for _ in range(4)]
+        raw = self.raw = object.__new__(replay._RawLaunch)
+        raw.head, raw.launch, raw.expand, raw.encoded = (), lambda *args: None, lambda desc, meta: [desc], {}
+        raw.template, raw.plain = [0] * 28, [(4 + i, i) for i in range(8)]
+        raw.descs, raw.templates = [(k, 8, None) for k in range(4)], dict(enumerate(self.descriptors))
 
     def run(self, device, *tensors):
-        pass
+        self.raw((1, 1, 1), 0, tensors)
+
+    def launch(self, device, tensors):
+        self.raw((1, 1, 1), 0, tensors)
 
 
 def main(argv=None):

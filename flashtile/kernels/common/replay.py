@@ -113,13 +113,14 @@ class Replay:
         """Pre-expand the arguments for the C launcher under Triton's launcher object (see _RawLaunch); None
         where its shape is not the one this was written against (then run goes through compiled.run)."""
         try:
-            self.raw = _RawLaunch(self.compiled, self.values, self.slots)
+            self.raw = _RawLaunch(self.compiled, self.values, self.slots, self.templates)
         except _NotRaw:
             self.raw = None
 
     def launch(self, device, tensors):
-        """``run`` with ``tensors``, where a slot of a descriptor takes the tensor its 2-D view starts at."""
-        if self.templates:
+        """``run`` with ``tensors``, where a slot of a descriptor takes the tensor its 2-D view starts at (the raw
+        launch aims that slot's template at it only when the address is new to it)."""
+        if self.templates and self.raw is None:
             tensors = [detach_descriptor(self.templates[k], t) if k in self.templates else t
                        for k, t in enumerate(tensors)]
         self.run(device, *tensors)
@@ -148,8 +149,9 @@ class _RawLaunch:
     at an address it had before (a training loop's caching allocator) is not encoded again."""
     ENCODED_MAX = 64  # kept encodings of a launch (then it starts over)
 
-    def __init__(self, compiled, values, slots):
+    def __init__(self, compiled, values, slots, templates=None):
         from triton.backends.nvidia import driver
+        self.templates = templates or {}  # by slot: the descriptor to aim at a tensor handed for that slot
         launcher = compiled.run
         if (not isinstance(launcher, driver.CudaLauncher) or launcher.global_scratch_size
                 or launcher.profile_scratch_size):
@@ -187,14 +189,17 @@ class _RawLaunch:
             args[pos:pos] = self.encode(k, tensors[k], meta)
         self.launch(*grid, stream, *self.head, *args)
 
-    def encode(self, slot, desc, meta):
-        """The launch arguments of descriptor ``desc`` in ``slot``, encoded once per address."""
-        key = (slot, desc.base.data_ptr())
+    def encode(self, slot, x, meta):
+        """The launch arguments of the descriptor in ``slot``, encoded once per address: ``x`` is that descriptor, or
+        the tensor to aim the slot's template at (made into a descriptor only for an address not encoded yet)."""
+        is_tensor = isinstance(x, torch.Tensor)
+        key = (slot, x.data_ptr() if is_tensor else x.base.data_ptr())
         encoded = self.encoded.get(key)
         if encoded is None:
             if len(self.encoded) >= self.ENCODED_MAX:
                 self.encoded.clear()
-            encoded = self.encoded[key] = self.expand(desc, meta)
+            encoded = self.encoded[key] = self.expand(detach_descriptor(self.templates[slot], x) if is_tensor else x,
+                                                      meta)
         return encoded
 
 

@@ -4,7 +4,7 @@ import torch
 from triton.experimental.gluon import language as gl
 
 from ..common.online_softmax import LOG2E
-from ..common.replay import Replay, Replays, detach_descriptor, launch_key
+from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, num_sms
 from .common import GLUON_VERSION_OK, descriptor, same_rows, smem_layout, view, view_layout
 from .fwd import flash_fwd_hopper_kernel
@@ -42,13 +42,11 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
                         ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Sinks", "Qp", "Kp", "Vp",
                          "cu_seqlens_q", "cu_seqlens_k"])
         if replay.compiled is not None:
-            replay.descriptors = [detach_descriptor(d) for d in args[:4]]
             replay.stage_o = kwargs["SWITCHES"].STAGE_O
         _REPLAYS.put(key, replay)
-    else:
-        tensors = (q, k, v, out if replay.stage_o else q)  # without STAGE_O o_desc (unused) is q's
-        descs = (detach_descriptor(d, t) for d, t in zip(replay.descriptors, tensors))
-        replay.run(q.device, *descs, out, lse, lse if sinks is None else sinks, q, k, v, cu_seqlens_q, cu_seqlens_k)
+    else:  # (without STAGE_O o_desc, unused, is q's)
+        replay.launch(q.device, (q, k, v, out if replay.stage_o else q, out, lse, lse if sinks is None else sinks, q, k,
+                                 v, cu_seqlens_q, cu_seqlens_k))
 
 
 def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object) -> FwdSwitches:

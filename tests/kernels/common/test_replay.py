@@ -150,6 +150,29 @@ def test_raw_launch_encodes_a_descriptor_once_per_address():
         assert encodings[-1] == t.data_ptr()
     assert len(encodings) == 5 and len(raw.encoded) == 2
 
+def test_raw_launch_aims_a_template_at_a_tensor_only_for_a_new_address():
+    """A tensor handed for a descriptor's slot: the slot's template is aimed at it (shape, strides and box kept) and
+    encoded the first time its address comes, and the kept encoding is used after; descriptors still go as before."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    seen, encoded = [], []
+
+    def expand(desc, meta):
+        encoded.append((desc.base.data_ptr(), desc.block_shape))
+        return [("encoded", desc.base.data_ptr(), meta)]
+
+    tensors = [torch.zeros(64, 128, dtype=torch.bfloat16) for _ in range(2)]
+    template = replay.detach_descriptor(TensorDescriptor(tensors[0], [64, 128], [128, 1], [32, 128]))
+    raw = object.__new__(replay._RawLaunch)
+    raw.head, raw.launch, raw.expand, raw.encoded = (), lambda *args: seen.append(args), expand, {}
+    raw.template, raw.plain, raw.descs, raw.templates = [7], [], [(0, 0, "meta")], {0: template}
+    for t in (tensors[1], tensors[1], tensors[0]):
+        raw((1, 1, 1), 5, (t, ))
+        assert seen.pop() == (1, 1, 1, 5, ("encoded", t.data_ptr(), "meta"), 7)
+    assert encoded == [(tensors[1].data_ptr(), [32, 128]), (tensors[0].data_ptr(), [32, 128])]
+    raw((1, 1, 1), 5, (replay.detach_descriptor(template, tensors[1]), ))  # a descriptor: the same kept encoding
+    assert len(encoded) == 2 and seen.pop()[4] == ("encoded", tensors[1].data_ptr(), "meta")
+
+
 def test_raw_launch_of_a_kernel_without_descriptors():
     """Without descriptors CudaLauncher.launch is the C function itself (no code object): the raw launch must
     call it with the plain argument list (functools.partial stands in for the builtin here)."""
