@@ -28,8 +28,8 @@ class _Descriptor:
 
 class _FoundReplay:
     """What fwd_launch's replay cache holds after a key's first call, its raw launch with a C launcher that does
-    nothing: four descriptor slots, then eight tensors and twenty integers (``run`` takes descriptors in the first
-    four slots, ``launch`` tensors)."""
+    nothing: four descriptor slots, then eight tensors and twenty integers. The forward calls ``launch`` with tensors;
+    trees from before the raw launch took tensors call ``run`` with descriptors (their _RawLaunch takes those)."""
     stage_o = True
 
     def __init__(self, q):

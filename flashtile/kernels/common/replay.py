@@ -149,9 +149,9 @@ class _RawLaunch:
     at an address it had before (a training loop's caching allocator) is not encoded again."""
     ENCODED_MAX = 64  # kept encodings of a launch (then it starts over)
 
-    def __init__(self, compiled, values, slots, templates=None):
+    def __init__(self, compiled, values, slots, templates):
         from triton.backends.nvidia import driver
-        self.templates = templates or {}  # by slot: the descriptor to aim at a tensor handed for that slot
+        self.templates = templates  # by slot: the descriptor to aim at the tensor a call hands for that slot
         launcher = compiled.run
         if (not isinstance(launcher, driver.CudaLauncher) or launcher.global_scratch_size
                 or launcher.profile_scratch_size):
@@ -189,17 +189,15 @@ class _RawLaunch:
             args[pos:pos] = self.encode(k, tensors[k], meta)
         self.launch(*grid, stream, *self.head, *args)
 
-    def encode(self, slot, x, meta):
-        """The launch arguments of the descriptor in ``slot``, encoded once per address: ``x`` is that descriptor, or
-        the tensor to aim the slot's template at (made into a descriptor only for an address not encoded yet)."""
-        is_tensor = isinstance(x, torch.Tensor)
-        key = (slot, x.data_ptr() if is_tensor else x.base.data_ptr())
+    def encode(self, slot, tensor, meta):
+        """The launch arguments of the descriptor in ``slot`` aimed at ``tensor``, encoded once per address (the slot's
+        template is copied at the tensor only for an address not encoded yet)."""
+        key = (slot, tensor.data_ptr())
         encoded = self.encoded.get(key)
         if encoded is None:
             if len(self.encoded) >= self.ENCODED_MAX:
                 self.encoded.clear()
-            encoded = self.encoded[key] = self.expand(detach_descriptor(self.templates[slot], x) if is_tensor else x,
-                                                      meta)
+            encoded = self.encoded[key] = self.expand(detach_descriptor(self.templates[slot], tensor), meta)
         return encoded
 
 

@@ -215,7 +215,7 @@ def _dq_row(sw, gr, b, h_k, group, lo, hi, t, half: gl.constexpr):
     half."""
     h = h_k * group + t // (hi - lo)
     tile_row = b * gr.stride_dqb + h * gr.stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
-    return tile_row + half * (sw.HEAD_DIM // 2) * 2
+    return tile_row + half * sw.HEAD_DIM  # (each half's 64 rows: HEAD_DIM / 2 columns, rows of 32 floats)
 
 
 @gluon.jit

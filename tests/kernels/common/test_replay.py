@@ -96,7 +96,8 @@ def test_flashtile_replay_0_turns_replays_off():
 
 def test_raw_launch_passes_what_tritons_own_launcher_would():
     """_RawLaunch builds the C launch arguments once; they must equal what Triton's CudaLauncher and its
-    descriptor wrapper build on every call: a pinned descriptor (encoded once) and a per-call one."""
+    descriptor wrapper build on every call: a pinned descriptor (encoded once) and a per-call one (handed as its
+    tensor)."""
     from triton.backends.nvidia import driver
     from triton.tools.tensor_descriptor import TensorDescriptor
     seen = []
@@ -115,62 +116,42 @@ def test_raw_launch_passes_what_tritons_own_launcher_would():
     pinned = replay.detach_descriptor(TensorDescriptor(t, [64, 128], [128, 1], [64, 128]))
     per_call = TensorDescriptor(u, [64, 128], [128, 1], [64, 128])
     values = [None, pinned, None, 7, 64]  # X and E come with each call
-    raw = replay._RawLaunch(Compiled, values, [0, 2])
-    raw((3, 1, 1), 5, (t, per_call))
+    raw = replay._RawLaunch(Compiled, values, [0, 2], {1: replay.detach_descriptor(per_call)})
+    raw((3, 1, 1), 5, (t, u))  # E's slot takes the tensor its template is aimed at
     by_raw = seen.pop()
     launcher(3, 1, 1, 5, 11, (4, 1, 0), None, None, None, t, pinned, per_call, 7, 64)
     by_triton = seen.pop()
     assert len(by_raw) == len(by_triton)
-    assert all(a is b or a == b for a, b in zip(by_raw, by_triton))
-
+    # (a descriptor's base goes as its address: the C launcher reads data_ptr() only)
+    assert all(a is b or (a.data_ptr() == b.data_ptr() if hasattr(a, "data_ptr") else a == b)
+               for a, b in zip(by_raw, by_triton))
 
 
 def test_raw_launch_encodes_a_descriptor_once_per_address():
-    """A per-call descriptor back at an address it had before is not encoded again; another address is, and the
+    """A tensor handed for a descriptor's slot: the slot's template is aimed at it (shape, strides and box kept) and
+    encoded the first time its address comes; back at an address it had before, the kept encoding is used, and the
     launch arguments stay those of a fresh encoding. Past ENCODED_MAX addresses the kept encodings start over."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     seen, encodings = [], []
 
     def expand(desc, meta):
-        encodings.append(desc.base.data_ptr())
+        encodings.append((desc.base.data_ptr(), desc.block_shape))
         return [("encoded", desc.base.data_ptr(), meta)]
 
-    raw = object.__new__(replay._RawLaunch)
-    raw.head, raw.launch, raw.expand, raw.encoded = (), lambda *args: seen.append(args), expand, {}
-    raw.template, raw.plain, raw.descs = [7], [], [(0, 0, "meta")]
     tensors = [torch.zeros(64, 128, dtype=torch.bfloat16) for _ in range(3)]
-    template = TensorDescriptor(tensors[0], [64, 128], [128, 1], [64, 128])
-    for t in (tensors[0], tensors[1], tensors[0], tensors[2], tensors[1]):
-        raw((1, 1, 1), 5, (replay.detach_descriptor(template, t), ))
-        assert seen.pop() == (1, 1, 1, 5, ("encoded", t.data_ptr(), "meta"), 7)
-    assert encodings == [t.data_ptr() for t in tensors]
-    raw.ENCODED_MAX = 3
-    for t in (torch.zeros(64, 128, dtype=torch.bfloat16), tensors[0]):  # a fourth address: the three kept go
-        raw((1, 1, 1), 5, (replay.detach_descriptor(template, t), ))
-        assert encodings[-1] == t.data_ptr()
-    assert len(encodings) == 5 and len(raw.encoded) == 2
-
-def test_raw_launch_aims_a_template_at_a_tensor_only_for_a_new_address():
-    """A tensor handed for a descriptor's slot: the slot's template is aimed at it (shape, strides and box kept) and
-    encoded the first time its address comes, and the kept encoding is used after; descriptors still go as before."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    seen, encoded = [], []
-
-    def expand(desc, meta):
-        encoded.append((desc.base.data_ptr(), desc.block_shape))
-        return [("encoded", desc.base.data_ptr(), meta)]
-
-    tensors = [torch.zeros(64, 128, dtype=torch.bfloat16) for _ in range(2)]
     template = replay.detach_descriptor(TensorDescriptor(tensors[0], [64, 128], [128, 1], [32, 128]))
     raw = object.__new__(replay._RawLaunch)
     raw.head, raw.launch, raw.expand, raw.encoded = (), lambda *args: seen.append(args), expand, {}
     raw.template, raw.plain, raw.descs, raw.templates = [7], [], [(0, 0, "meta")], {0: template}
-    for t in (tensors[1], tensors[1], tensors[0]):
+    for t in (tensors[0], tensors[1], tensors[0], tensors[2], tensors[1]):
         raw((1, 1, 1), 5, (t, ))
         assert seen.pop() == (1, 1, 1, 5, ("encoded", t.data_ptr(), "meta"), 7)
-    assert encoded == [(tensors[1].data_ptr(), [32, 128]), (tensors[0].data_ptr(), [32, 128])]
-    raw((1, 1, 1), 5, (replay.detach_descriptor(template, tensors[1]), ))  # a descriptor: the same kept encoding
-    assert len(encoded) == 2 and seen.pop()[4] == ("encoded", tensors[1].data_ptr(), "meta")
+    assert encodings == [(t.data_ptr(), [32, 128]) for t in tensors]
+    raw.ENCODED_MAX = 3
+    for t in (torch.zeros(64, 128, dtype=torch.bfloat16), tensors[0]):  # a fourth address: the three kept go
+        raw((1, 1, 1), 5, (t, ))
+        assert encodings[-1][0] == t.data_ptr()
+    assert len(encodings) == 5 and len(raw.encoded) == 2
 
 
 def test_raw_launch_of_a_kernel_without_descriptors():
@@ -190,7 +171,7 @@ def test_raw_launch_of_a_kernel_without_descriptors():
         run, function, packed_metadata = launcher, 11, (4, 1, 0)
 
     t, u = torch.zeros(4), torch.ones(4)
-    raw = replay._RawLaunch(Compiled, [None, 3, None], [0, 2])
+    raw = replay._RawLaunch(Compiled, [None, 3, None], [0, 2], {})
     raw((2, 1, 1), 5, (t, u))
     by_raw = seen.pop()
     launcher(2, 1, 1, 5, 11, (4, 1, 0), None, None, None, t, 3, u)
