@@ -81,14 +81,25 @@ def main():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         torch.autograd.grad(out, (qt, kt, vt), dout.transpose(1, 2))
+    out, lse = flashtile.flash_attn_func(qg, kg, vg, causal=True, return_attn_probs=True)[:2]
+
+    def single_thread(fn):
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                fn()
+        return run
     rows["fwd+bwd: flash_attn_func, autograd.grad"] = step
+    rows["fwd+bwd: the same, autograd on the calling thread"] = single_thread(step)
     rows["fwd+bwd: SDPA FA2 (reference point)"] = step_fa2
+    rows["fwd+bwd: SDPA FA2, autograd on the calling thread"] = single_thread(step_fa2)
+    rows["bwd: ops.attention_backward (main thread)"] = lambda: ops.attention_backward(
+        dout, qf, kf, vf, out.detach(), lse, 0.088, (-1, 0), True, False)
     for name, fn in rows.items():
         print(f"{name}: {per_call_us(fn):.1f} us", flush=True)
-    if "--cprofile" in sys.argv:
+    if "--cprofile" in sys.argv:  # on the calling thread, so that the profile sees the backward's Python too
         profile = cProfile.Profile()
-        profile.runcall(lambda: [step() for _ in range(500)])
-        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        profile.runcall(lambda: [single_thread(step)() for _ in range(500)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(45)
 
 
 def _append_by_indexing(k_cache, v_cache, k, v, cache_seqlens):

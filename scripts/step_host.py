@@ -216,9 +216,9 @@ def inside(step, calls):
         counts["replay misses"] += 1
         init(self, *args, **kwargs)
 
-    def counted_encode(self, slot, desc, meta):
-        counts["descriptor encodings"] += (slot, desc.base.data_ptr()) not in self.encoded
-        return encode(self, slot, desc, meta)
+    def counted_encode(self, slot, tensor, meta):
+        counts["descriptor encodings"] += (slot, tensor.data_ptr()) not in self.encoded
+        return encode(self, slot, tensor, meta)
     with mock.patch.object(ops._Attention, "backward", staticmethod(timed_backward)), \
             mock.patch.object(replay.Replay, "__init__", counted_init), \
             mock.patch.object(replay._RawLaunch, "encode", counted_encode), \

@@ -1,6 +1,7 @@
 """A training step's time against its kernels' (issue 36, item 3): forward + backward through autograd, eager, timed by
-do_bench, beside the sum of the CUDA kernels the profiler records for one step, kernel by kernel.
-Run on the GPU: ``PYTHONPATH=. python scripts/step_profile.py [--seqlens 1024 2048] [--head-dim 128]``."""
+do_bench, beside the sum of the CUDA kernels the profiler records for one step, kernel by kernel; ``--peers`` does the
+same for FA4 (flash_attn.cute, where importable) and cuDNN (through SDPA) on the same inputs.
+Run on the GPU: ``PYTHONPATH=. python scripts/step_profile.py [--seqlens 1024 2048] [--head-dim 128] [--peers]``."""
 import argparse
 import collections
 
@@ -14,39 +15,66 @@ def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--peers", action="store_true", help="also FA4 and cuDNN")
     args = parser.parse_args(argv)
     d = args.head_dim
-    print("| causal | N | fwd ms | fwd+bwd ms | kernels of one step, ms | step / kernels | kernels (µs each) |")
-    print("|---|---|---|---|---|---|---|")
-    for causal in (False, True):
+    print("| peer | causal | N | fwd ms | fwd+bwd ms | kernels of one step, ms | step / kernels | kernels (µs each) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for causal in map(bool, args.causal):
         for n in args.seqlens:
             b, h = max(1, 16384 // n), 2048 // d
             q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             dout = torch.randn_like(q)
+            for name, attend in peers(args.peers, causal).items():
+                measure(name, attend, q, k, v, dout, causal, n)
 
-            def fwd():
-                return flashtile.flash_attn_func(q, k, v, causal=causal)
 
-            def step():
-                torch.autograd.grad(fwd(), (q, k, v), dout)
+def peers(others, causal):
+    """{name: fn(q, k, v) -> out} on (batch, seqlen, nheads, headdim) tensors."""
+    found = {"flashtile": lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=causal)}
+    if not others:
+        return found
+    try:
+        from flash_attn.cute.interface import flash_attn_func as fa4
+        found["FA4"] = lambda q, k, v: fa4(q, k, v, causal=causal)[0]
+    except ImportError:
+        pass
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                                                   is_causal=causal)
+        return out.transpose(1, 2)
+    found["cuDNN"] = cudnn
+    return found
+
+
+def measure(peer, attend, q, k, v, dout, causal, n):
+    """One table row: ``attend``'s forward and step times and its step's kernels."""
+    def fwd():
+        return attend(q, k, v)
+
+    def step():
+        torch.autograd.grad(fwd(), (q, k, v), dout)
+    step()
+    fwd_ms = triton.testing.do_bench(fwd, warmup=25, rep=100)
+    step_ms = triton.testing.do_bench(step, warmup=25, rep=100)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
             step()
-            fwd_ms = triton.testing.do_bench(fwd, warmup=25, rep=100)
-            step_ms = triton.testing.do_bench(step, warmup=25, rep=100)
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    step()
-                torch.cuda.synchronize()
-            kernels = collections.defaultdict(float)
-            for e in prof.events():
-                if e.device_type == torch.autograd.DeviceType.CUDA:
-                    kernels[e.name] += e.device_time / 5 / 1000
-            total = sum(kernels.values())
-            names = ", ".join(f"{name[:40]} {ms * 1000:.0f}" for name, ms in sorted(kernels.items(),
-                                                                                    key=lambda x: -x[1]))
-            print(f"| {'yes' if causal else 'no'} | {n} | {fwd_ms:.3f} | {step_ms:.3f} | {total:.3f} | "
-                  f"{step_ms / total:.2f} | {names} |", flush=True)
+        torch.cuda.synchronize()
+    kernels = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] += e.device_time / 5 / 1000
+    total = sum(kernels.values())
+    names = ", ".join(f"{name[:70]} {ms * 1000:.0f}" for name, ms in sorted(kernels.items(), key=lambda x: -x[1]))
+    print(f"| {peer} | {'yes' if causal else 'no'} | {n} | {fwd_ms:.3f} | {step_ms:.3f} | {total:.3f} | "
+          f"{step_ms / total:.2f} | {names} |", flush=True)
 
 
 if __name__ == "__main__":

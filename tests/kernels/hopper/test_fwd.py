@@ -279,6 +279,31 @@ def check_hopper_config(cfg, head_dim, causal, monkeypatch):
     assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, causal=causal)) for _ in range(2))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_a_repeated_forward_replays_with_each_calls_tensors(head_dim, causal, monkeypatch):
+    """From a shape's second call the sm90 forward is replayed (kernels/common/replay.py): its descriptors must
+    follow each call's tensors, at new addresses and at addresses seen before with new contents."""
+    from flashtile.kernels.common import replay
+    if torch.cuda.get_device_capability() != (9, 0) or not GLUON_VERSION_OK:
+        pytest.skip("the sm90 forward")
+    replayed = []
+    launch = replay.Replay.launch
+    monkeypatch.setattr(replay.Replay, "launch", lambda self, *a: (replayed.append(self), launch(self, *a))[1])
+    kept = [randn(1, 2100, 8, head_dim, dtype=torch.bfloat16) for _ in range(3)]
+    assert dispatch.hopper_forward_config(*kept, (-1, 0) if causal else (-1, -1)) is not None
+    for turn in range(4):  # turns 0 and 3 at the same addresses, Q's contents new in turn 3
+        if turn == 3:
+            kept[0].copy_(randn(*kept[0].shape, dtype=torch.bfloat16))
+        q, k, v = kept if turn in (0, 3) else (randn(1, 2100, 8, head_dim, dtype=torch.bfloat16) for _ in range(3))
+        with poisoned_outputs():
+            out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        ref, ref_lse = reference.attention(q, k, v, causal=causal)
+        assert_attention_close(out, ref, torch_attention(q, k, v, causal, (-1, -1)), lse, ref_lse)
+    assert replayed or not replay.REPLAY_OK
+
+
 def _large_cases():
     for head_dim in (64, 128, 256):
         for seqlen in (1024, 4096, 16384):
