@@ -64,3 +64,71 @@ def test_eager_backward_shares_one_buffer_among_packed_inputs():
     assert ops.packed_shape(*want) is None
     for g, w in zip(grads, want):
         assert torch.equal(g, w)
+
+
+class _FakeReplay:
+    """Stands in for a kernel's Replay: records the tensors each launch hands it."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def launch(self, device, tensors):
+        self.calls.append((self.name, tensors))
+
+
+def _one_pass_stubs(monkeypatch):
+    """Dispatch told the GPU is an sm90 one; every Replays.launch records its call and hands back a _FakeReplay
+    (what a compiled launch keeps); returns the list of (launch, tensors) and the dispatch calls."""
+    from flashtile import configs, dispatch
+    from flashtile.kernels.common import replay
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    calls, plans = [], []
+    monkeypatch.setattr(dispatch, "runs_gluon", lambda device: True)
+    monkeypatch.setattr(bwd_hopper, "supports", lambda *args: True)
+    monkeypatch.setattr(configs, "BWD_HOPPER", dict(configs.BWD_HOPPER))
+    monkeypatch.setattr(ops, "_ONE_PASS", {})
+    backward = dispatch.backward
+    monkeypatch.setattr(dispatch, "backward", lambda *args, **kw: plans.append(args) or backward(*args, **kw))
+
+    def launch(self, key, device, tensors, first, found=None):
+        name = key[-2] if isinstance(key[-2], str) else ("cast" if "cast" in key else "dkdv")
+        calls.append((name, tensors))
+        if found is not None:
+            found.append(_FakeReplay(name, calls))
+    monkeypatch.setattr(replay.Replays, "launch", launch)
+    return calls, plans
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_repeated_plain_backward_replays_the_one_pass_without_dispatch(causal, monkeypatch):
+    """A plain call's second backward of the same launch key launches the three replays the first found (delta and
+    the zeroed dQacc, dK/dV, the dQ cast) with its own tensors in the same places, without dispatch; a call with
+    another key, deterministic=True or another config table goes the first call's way."""
+    calls, plans = _one_pass_stubs(monkeypatch)
+    window = (-1, 0) if causal else (-1, -1)
+
+    def backward(deterministic=False, seqlen=300):
+        q, k, v, dout, out = (randn(2, seqlen, 4, 128, dtype=torch.bfloat16) for _ in range(5))
+        lse = randn(2, 4, seqlen, dtype=torch.float32)
+        calls.clear()
+        grads = ops.attention_backward(dout, q, k, v, out, lse, 0.088, window, True, deterministic)
+        return (q, k, v, dout, out, lse), grads, list(calls)
+
+    (first_in, first_grads, first_calls) = backward()
+    assert [name for name, _ in first_calls] == ["delta", "dkdv", "cast"] and len(plans) == 1
+    (inputs, grads, again) = backward()
+    assert len(plans) == 1 and [name for name, _ in again] == ["delta", "dkdv", "cast"]
+    mapping = {id(t): i for i, t in enumerate(first_in + first_grads)}
+    for (_, was), (_, now) in zip(first_calls, again):  # each slot: the same input or gradient as in the first call
+        where = {id(t): i for i, t in enumerate(inputs + grads)}
+        assert [mapping.get(id(t)) if t is not None else None for t in was] == \
+            [where.get(id(t)) if t is not None else None for t in now]
+    assert again[0][1][4] is again[1][1][8] is again[2][1][0]  # one new float32 dQacc through the three launches
+    assert again[0][1][4] is not first_calls[0][1][4] and again[0][1][4].dtype == torch.float32
+    backward(seqlen=301)
+    backward(deterministic=True)
+    assert len(plans) == 3
+    from flashtile import configs
+    monkeypatch.setattr(configs, "BWD_HOPPER", dict(configs.BWD_HOPPER))
+    backward()
+    assert len(plans) == 4

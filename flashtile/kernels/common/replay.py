@@ -61,15 +61,19 @@ class Replays:
     def get(self, key):
         return self.replays.get(key) if can_replay() else None
 
-    def launch(self, key, device, tensors, first):
+    def launch(self, key, device, tensors, first, found=None):
         """Replay ``key`` with ``tensors`` for its slots (Replay.launch); the first call of a key runs ``first()``,
         which launches through Triton and returns the Replay. The key must hold everything that fixes the other
-        arguments and the kernel's specialization."""
+        arguments and the kernel's specialization. ``found`` (a list, or None) gets the replay of the key (None where
+        launches are not replayed), which a caller may launch for the same key without looking it up."""
         replay = self.get(key)
         if replay is None:
             self.put(key, first())
+            replay = self.get(key)
         else:
             replay.launch(device, tensors)
+        if found is not None:
+            found.append(replay)
 
     def put(self, key, replay):
         if replay.compiled is not None and can_replay():

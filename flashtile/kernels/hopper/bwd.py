@@ -447,7 +447,7 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None, sinks=None, packed=None):
+                      config=None, dlse=None, sinks=None, packed=None, replays=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
@@ -456,16 +456,21 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     for either design. ``sinks`` (float32 (nheads,), or None): the preprocess launch also sums their gradient's parts.
     ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors,
     offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
+    ``replays`` (the one pass): an empty list gets the three launches' replays (each None where it is not replayed),
+    which a later call of the same launch key hands back here to launch them without their lookups.
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])
+        found = replays if replays is not None and not replays else None
+        pre, dkdv, cast = replays if replays else (None, None, None)
         delta, dq_acc, sink_parts = portable_bwd.launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q,
                                                                    zeroed=dq_acc_shape(q, config, packed), dlse=dlse,
-                                                                   sinks=sinks)
-        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc, packed)
-        portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q)
+                                                                   sinks=sinks, replay=pre, found=found)
+        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc, packed,
+                     dkdv, found)
+        portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q, cast, found)
         return delta, sink_parts
     if packed is not None:
         raise ValueError("packed sequences take the one pass (configs.HopperBwdConfig.design)")
@@ -479,13 +484,13 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None,
-                 packed=None):
+                 packed=None, replay=None, found=None):
     """The dK/dV launch of ``config`` (kernels/hopper/bwd_split.py with ``split_gradients``), replayed after a key's
-    first call (kernels/common/replay.py); ``packed`` as launch_bwd_hopper's."""
+    first call (kernels/common/replay.py); ``packed`` as launch_bwd_hopper's; ``replay``, ``found`` as
+    portable_bwd.launch_preprocess's."""
     tensors = (q, k, v, dout, dk, dv, lse, delta)
     cu_seqlens = () if packed is None else tuple(packed[:2])
-    key = launch_key(tensors + (dq_acc, ) + cu_seqlens, softmax_scale, causal, bottom_right, config,
-                     None if packed is None else packed[2:])
+    key_tensors = tensors + (dq_acc, ) + cu_seqlens
     if config.split_gradients:
         kernel, make = bwd_split.flash_bwd_dkdv_split_kernel, bwd_split.launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta"]
@@ -494,10 +499,14 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta", "dQacc"]
         tensors += (lse if dq_acc is None else dq_acc, ) + cu_seqlens
         slots += ["cu_seqlens_q", "cu_seqlens_k"][:len(cu_seqlens)]
+    if replay is not None:
+        replay.launch(q.device, tensors)
+        return
+    key = launch_key(key_tensors, softmax_scale, causal, bottom_right, config, None if packed is None else packed[2:])
 
     def first():
         grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
                                   *(() if dq_acc is None else (dq_acc, )), **({} if packed is None else
                                                                              dict(packed=packed)))
         return Replay(kernel, grid, args, kwargs, slots)
-    _REPLAYS.launch(key, q.device, tensors, first)
+    _REPLAYS.launch(key, q.device, tensors, first, found)

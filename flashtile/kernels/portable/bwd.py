@@ -323,11 +323,13 @@ def flash_bwd_kernel(
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
-def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None, sinks=None):
+def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=None, sinks=None, replay=None,
+                      found=None):
     """(delta, zeros, sink_parts): delta = rowsum(dO ∘ O) (minus ``dlse``, the LSE's gradient, where given), shaped
     like lse; with ``zeroed`` (batch mode, a shape (batch, nheads, rows, head_dim_pad)), a float32 tensor of that shape
     filled with zeros by the same launch (else None); with ``sinks`` (float32 (nheads,)), their gradient in parts,
-    float32 (nheads, blocks) whose sum over blocks is d loss / d sink (else None)."""
+    float32 (nheads, blocks) whose sum over blocks is d loss / d sink (else None). ``replay``: this call's launch, found
+    (``found``, Replays.launch) by an earlier call of the same launch key."""
     delta = torch.empty_like(lse)
     zeros = None if zeroed is None else torch.empty(zeroed, device=out.device, dtype=torch.float32)
     parts = None
@@ -335,6 +337,9 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=
         blocks_m, batch_heads = _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros)
         parts = torch.empty(blocks_m * batch_heads, device=out.device, dtype=torch.float32).view(out.shape[-2], -1)
     tensors = (out, dout, delta, dlse, zeros, cu_seqlens_q, lse, sinks, parts)
+    if replay is not None:
+        replay.launch(out.device, tensors)
+        return delta, zeros, parts
     key = launch_key(tensors, "delta", seqlen_q)
 
     def first():
@@ -352,7 +357,7 @@ def launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, zeroed=None, dlse=
                       HAS_DLSE=dlse is not None, ZERO_DQ=zeros is not None, HAS_SINK=sinks is not None)
         return Replay(bwd_preprocess_kernel, _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros), args, kwargs,
                       ["O", "dO", "Delta", "dLSE", "dQacc", "cu_seqlens_q", "LSE", "Sinks", "SinkParts"])
-    _REPLAYS.launch(key, out.device, tensors, first)
+    _REPLAYS.launch(key, out.device, tensors, first, found)
     return delta, zeros, parts
 
 
@@ -362,10 +367,14 @@ def _preprocess_grid(out, cu_seqlens_q, seqlen_q, zeros):
     return cdiv(max(seqlen_q, 0 if zeros is None else zeros.shape[2]), 64), batch * out.shape[-2]
 
 
-def launch_dq_cast(dq_acc, dq, scale, cu_seqlens_q=None):
+def launch_dq_cast(dq_acc, dq, scale, cu_seqlens_q=None, replay=None, found=None):
     """dq (batch, seqlen, nheads, headdim) = scale · dq_acc (batch, nheads, 64-row Q tiles, two halves, 64 · headdim / 2
     in the sm90 single-pass kernel's thread order, flattened as bwd_hopper.dq_acc_shape); with ``cu_seqlens_q``, dq
-    packed (total, nheads, headdim) and dq_acc's batch the sequences (rows past the last sequence left alone)."""
+    packed (total, nheads, headdim) and dq_acc's batch the sequences (rows past the last sequence left alone).
+    ``replay``, ``found``: as launch_preprocess's."""
+    if replay is not None:
+        replay.launch(dq.device, (dq_acc, dq, cu_seqlens_q))
+        return
     key = launch_key((dq_acc, dq, cu_seqlens_q), "cast", scale)
 
     def first():
@@ -375,7 +384,7 @@ def launch_dq_cast(dq_acc, dq, scale, cu_seqlens_q=None):
         args = (dq_acc, dq, cu_seqlens_q, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale)
         return Replay(dq_cast_kernel, (cdiv(seqlen, 64), batch * nheads), args, dict(HEAD_DIM=head_dim, BLOCK_M=64,
                       IS_VARLEN=varlen, num_warps=4), ["dQacc", "dQ", "cu_seqlens_q"])
-    _REPLAYS.launch(key, dq.device, (dq_acc, dq, cu_seqlens_q), first)
+    _REPLAYS.launch(key, dq.device, (dq_acc, dq, cu_seqlens_q), first, found)
 
 
 def launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -197,12 +197,20 @@ def test_replays_launch_runs_first_once_and_aims_descriptors_at_each_calls_tenso
         return replay.Replay(kernel, (1, ), (desc, y0, 3), dict(BLOCK=16), ["X", "Y"])
     replays = replay.Replays()
     monkeypatch.setattr(replay.Replay, "prepare_raw", lambda self: None)  # the stand-in has no C launcher
-    replays.launch("key", torch.device("cuda", 0), (x0, y0), first)
-    replays.launch("key", torch.device("cuda", 0), (x1, y1), first)
+    found = []
+    replays.launch("key", torch.device("cuda", 0), (x0, y0), first, found)
+    replays.launch("key", torch.device("cuda", 0), (x1, y1), first, found)
     assert firsts == [1]
     launched = kernel.compiled.calls[-1][9:]
     assert launched[0].base.data_ptr() == x1.data_ptr() and launched[0].block_shape == [2, 16]
     assert launched[1] is y1 and launched[2:] == (3, 16, True)
+    assert found[0] is found[1] is replays.get("key")  # ``found``: the key's replay, for a caller to launch again
+    found[0].launch(torch.device("cuda", 0), (x0, y1))
+    launched = kernel.compiled.calls[-1][9:]
+    assert launched[0].base.data_ptr() == x0.data_ptr() and launched[1] is y1
+    monkeypatch.setattr(replay, "REPLAY_OK", False)  # replays off: the key's first call finds none
+    replays.launch("other", torch.device("cuda", 0), (x0, y0), first, found)
+    assert found[2] is None
 
 
 def test_launch_key_tells_apart_what_specializes_a_kernel():
