@@ -46,26 +46,51 @@ def is_oom(err):
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
+def peer_step(make, causal, q, k, v, backward=False):
+    """One eager call of a peer on q, k, v: its forward, or its forward + backward through autograd."""
+    prepare, run = make(causal)
+    args = prepare(q, k, v)
+    if not backward:
+        return lambda: run(*args)
+    args = tuple(t.requires_grad_() for t in args)
+    dout = torch.randn_like(run(*args))
+    return lambda: torch.autograd.grad(run(*args), args, dout)
+
+
 def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
     """Median ms of one peer's forward (or forward + backward), or the reason it could not run."""
     try:
-        prepare, run = make(causal)
-        args = prepare(q, k, v)
-        if backward:
-            args = tuple(t.requires_grad_() for t in args)
-            dout = torch.randn_like(run(*args))
-
-            def step():
-                torch.autograd.grad(run(*args), args, dout)
-        else:
-            def step():
-                run(*args)
+        step = peer_step(make, causal, q, k, v, backward)
         step()
         torch.cuda.synchronize()
         return bench_ms(step, warmup, rep), None
     except Exception as err:  # a peer that cannot run this shape is reported, not fatal
         torch.cuda.synchronize()
         return None, "OOM" if is_oom(err) else error_text(err)
+    finally:
+        torch.cuda.empty_cache()
+
+
+def host_ms(step, sync, calls=20):
+    """Ms of host time per call of ``calls`` back-to-back calls (the GPU synchronized before, not in between): what
+    the host needs to issue one call. Where it nears the timed call's length, the GPU waits on the host."""
+    step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    issued = (time.perf_counter() - start) / calls * 1e3
+    sync()
+    return issued
+
+
+def host_of_steps(make, causal, q, k, v):
+    """host_ms of a peer's forward + backward, or None where it cannot run."""
+    try:
+        return host_ms(peer_step(make, causal, q, k, v, backward=True), torch.cuda.synchronize)
+    except Exception:  # (time_peer has reported why)
+        torch.cuda.synchronize()
+        return None
     finally:
         torch.cuda.empty_cache()
 
@@ -119,7 +144,8 @@ def grid(seqlens, head_dims, causals, inputs=("random", ), gqa=False):
 def run_grid(shapes, peers, warmup, rep, rounds, backward):
     """Every peer on every shape; the peers take turns ``rounds`` times per shape and each keeps its best
     median, so a clock dip during one peer's turn does not decide the comparison. With ``backward`` each
-    row also has the backward, timed as (forward + backward) - forward, at 2.5x the forward's FLOPs."""
+    row also has the backward, timed as (forward + backward) - forward, at 2.5x the forward's FLOPs, and the host time
+    of a forward + backward (host_ms: where it nears the timed step, that peer's step waited on the host)."""
     rows = []
     for shape in progress(shapes, "forward grid"):
         b, n, h, d, causal = shape["batch"], shape["seqlen"], shape["nheads"], shape["head_dim"], shape["causal"]
@@ -135,8 +161,10 @@ def run_grid(shapes, peers, warmup, rep, rounds, backward):
             if backward:
                 total, bwd_error = best[(peer, "fwdbwd")]
                 bwd_ms = total - ms if total and ms else None
+                host = host_of_steps(FORWARD[peer], causal, q, k, v) if total else None
                 row.update(fwdbwd_ms=total, bwd_ms=bwd_ms, bwd_tflops=2.5 * flops / bwd_ms / 1e9 if bwd_ms else None,
-                           fwdbwd_tflops=3.5 * flops / total / 1e9 if total else None, bwd_error=bwd_error)
+                           fwdbwd_tflops=3.5 * flops / total / 1e9 if total else None, bwd_error=bwd_error,
+                           fwdbwd_host_ms=host)
             rows.append(row)
         del q, k, v
     return rows
@@ -184,6 +212,18 @@ def table(rows, peers, key="tflops", error_key="error"):
         heads = f"{b}×{h}" if h_k == h else f"{b}×{h}/{h_k}"
         lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {heads} | {inputs} | " + " | ".join(shown)
                      + f" | {ratio} |")
+    return "\n".join(lines)
+
+
+def host_bound(rows, share=0.9):
+    """Markdown lines naming each (peer, shape) whose forward + backward took the host at least ``share`` of the timed
+    step: there the GPU waited on the host, and the cell measures the host's speed as much as the kernels'."""
+    lines = []
+    for r in sorted(rows, key=lambda r: (_shape_key(r), r["peer"])):
+        host, total = r.get("fwdbwd_host_ms"), r.get("fwdbwd_ms")
+        if host and total and host >= share * total:
+            lines.append(f"- {r['peer']}, D={r['head_dim']} {'causal' if r['causal'] else 'non-causal'} "
+                         f"N={r['seqlen']}: {host:.3f} ms of host time a step against {total:.3f} ms timed")
     return "\n".join(lines)
 
 
@@ -259,6 +299,9 @@ def main(argv=None):
         report += f"\nBackward ((fwd+bwd) - fwd, 2.5x forward FLOPs):\n\n{bwd_table}\n"
         step_table = table(rows, args.peers, "fwdbwd_tflops", "bwd_error")
         report += f"\nForward + backward (3.5x forward FLOPs over the whole step):\n\n{step_table}\n"
+        waited = host_bound(rows)
+        report += ("\nSteps that waited on the host (its time to issue a forward + backward, without synchronizing, "
+                   f"at least 90 % of the timed step):\n\n{waited or '- none'}\n")
     for backward in (False, True):
         part = [r for r in mem if r["backward"] == backward]
         if part:

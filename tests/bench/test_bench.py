@@ -229,3 +229,28 @@ def test_small_calls_time_back_to_back_calls_in_turns():
                  us={"flashtile": 40.0, "FA2 (SDPA flash)": 50.0, "cuDNN": "OOM"})]
     line = small_calls.table(rows, ["flashtile", "FA2 (SDPA flash)", "cuDNN"]).splitlines()[-1]
     assert line == "| 1 | 1 | 32 | 128 | no | fwd | 40.0 | 50.0 | OOM | 0.80 |"
+
+
+def test_host_time_is_what_issuing_the_calls_takes_between_two_syncs():
+    """host_ms: one call and a sync first, then the clock stops before the closing sync (the host's time to issue a
+    call, not the GPU's); host_bound names the steps whose host time reaches 90 % of their timed step."""
+    import time
+
+    from flashtile.bench.__main__ import host_bound, host_ms
+    events = []
+
+    def step():
+        events.append("call")
+        time.sleep(0.002)
+
+    def sync():
+        events.append("sync")
+        time.sleep(0.05)  # a slow GPU: its time must not count
+    ms = host_ms(step, sync, calls=5)
+    assert events == ["call", "sync"] + ["call"] * 5 + ["sync"]
+    assert 2.0 <= ms < 10.0
+    shape = dict(head_dim=128, causal=True, seqlen=1024, batch=16, nheads=16)
+    rows = [dict(shape, peer="flashtile", fwdbwd_ms=0.90, fwdbwd_host_ms=0.85),
+            dict(shape, peer="FA4", fwdbwd_ms=0.70, fwdbwd_host_ms=0.40),
+            dict(shape, peer="cuDNN", fwdbwd_ms=None, fwdbwd_host_ms=None)]
+    assert host_bound(rows) == "- flashtile, D=128 causal N=1024: 0.850 ms of host time a step against 0.900 ms timed"
