@@ -177,15 +177,15 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     if plan.kernel == "hopper/bwd.py":
         packed = None if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         launch = dispatch.hopper("bwd").launch_bwd_hopper
-        replays = [] if plain and plan.design == "one pass" else None
+        found = [] if plain and plan.design == "one pass" else None
         delta, sink_parts = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
                                    bottom_right, deterministic, plan.config, dlse=dlse, sinks=sinks, packed=packed,
-                                   replays=replays)
-        if replays and all(r is not None for r in replays):
+                                   found=found)
+        if found and all(r is not None for r in found):
             if len(_ONE_PASS) >= 256:
                 _ONE_PASS.clear()
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
-            _ONE_PASS[key] = (launch, plan.config, replays, configs.BWD_HOPPER)  # (the table: its id is in the key)
+            _ONE_PASS[key] = (launch, plan.config, found, configs.BWD_HOPPER)  # (the table: its id is in the key)
         if cu_seqlens_q is not None:  # query rows past the last sequence
             launch_zero_unused_rows(dq, cu_seqlens_q)
         return delta, sink_parts

@@ -4,12 +4,11 @@ autograd, B=1, N=128, H=16, D=128, causal (kernels shorter than the host path). 
 before every call, so that each takes dispatch, the launchers' keys and checks (and stores its replays again).
 µs per call over 1,000 back-to-back calls, five turns. Run on an sm90 GPU: ``PYTHONPATH=. python3
 scripts/one_pass_again_ab.py``."""
-import time
-
 import torch
 
 import flashtile
 from flashtile import ops
+from flashtile.bench.small_calls import per_call_us
 
 
 def main():
@@ -41,12 +40,7 @@ def main():
         for name, fn in rows.items():
             for _ in range(50):
                 fn()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(1000):
-                fn()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - start) / 1000 * 1e6)
+            times[name].append(per_call_us(fn, 1000, torch.cuda.synchronize))
     print("| host path | µs per call, turns | min | median |\n|---|---|---|---|")
     for name, ts in times.items():
         print(f"| {name} | {' / '.join(f'{t:.1f}' for t in ts)} | {min(ts):.1f} | {sorted(ts)[len(ts) // 2]:.1f} |")

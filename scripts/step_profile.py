@@ -1,6 +1,6 @@
 """A training step's time against its kernels' (issue 36, item 3): forward + backward through autograd, eager, timed by
 do_bench, beside the sum of the CUDA kernels the profiler records for one step, kernel by kernel; ``--peers`` does the
-same for FA4 (flash_attn.cute, where importable) and cuDNN (through SDPA) on the same inputs.
+same for FA4 (where importable) and cuDNN, as flashtile.bench calls them (bench/peers.py), on the same inputs.
 Run on the GPU: ``PYTHONPATH=. python scripts/step_profile.py [--seqlens 1024 2048] [--head-dim 128] [--peers]``."""
 import argparse
 import collections
@@ -8,7 +8,8 @@ import collections
 import torch
 import triton
 
-import flashtile
+from flashtile.bench.__main__ import peer_step
+from flashtile.bench.peers import FORWARD
 
 
 def main(argv=None):
@@ -16,49 +17,26 @@ def main(argv=None):
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--peers", action="store_true", help="also FA4 and cuDNN")
+    parser.add_argument("--peers", action="store_true", help="also FA4 (where importable) and cuDNN")
     args = parser.parse_args(argv)
     d = args.head_dim
+    names = ["flashtile"] + (["FA4", "cuDNN"] if args.peers else [])
     print("| peer | causal | N | fwd ms | fwd+bwd ms | kernels of one step, ms | step / kernels | kernels (µs each) |")
     print("|---|---|---|---|---|---|---|---|")
     for causal in map(bool, args.causal):
         for n in args.seqlens:
             b, h = max(1, 16384 // n), 2048 // d
-            q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                       for _ in range(3))
-            dout = torch.randn_like(q)
-            for name, attend in peers(args.peers, causal).items():
-                measure(name, attend, q, k, v, dout, causal, n)
+            q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for name in names:
+                try:
+                    fwd, step = (peer_step(FORWARD[name], causal, q, k, v, backward) for backward in (False, True))
+                except ImportError:  # FA4 not installed
+                    continue
+                measure(name, fwd, step, causal, n)
 
 
-def peers(others, causal):
-    """{name: fn(q, k, v) -> out} on (batch, seqlen, nheads, headdim) tensors."""
-    found = {"flashtile": lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=causal)}
-    if not others:
-        return found
-    try:
-        from flash_attn.cute.interface import flash_attn_func as fa4
-        found["FA4"] = lambda q, k, v: fa4(q, k, v, causal=causal)[0]
-    except ImportError:
-        pass
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def cudnn(q, k, v):
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
-                                                                   is_causal=causal)
-        return out.transpose(1, 2)
-    found["cuDNN"] = cudnn
-    return found
-
-
-def measure(peer, attend, q, k, v, dout, causal, n):
-    """One table row: ``attend``'s forward and step times and its step's kernels."""
-    def fwd():
-        return attend(q, k, v)
-
-    def step():
-        torch.autograd.grad(fwd(), (q, k, v), dout)
+def measure(peer, fwd, step, causal, n):
+    """One table row: a peer's forward and step times (flashtile.bench's calls) and its step's kernels."""
     step()
     fwd_ms = triton.testing.do_bench(fwd, warmup=25, rep=100)
     step_ms = triton.testing.do_bench(step, warmup=25, rep=100)

@@ -447,7 +447,7 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None, sinks=None, packed=None, replays=None):
+                      config=None, dlse=None, sinks=None, packed=None, replays=None, found=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
@@ -456,15 +456,14 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     for either design. ``sinks`` (float32 (nheads,), or None): the preprocess launch also sums their gradient's parts.
     ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors,
     offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
-    ``replays`` (the one pass): an empty list gets the three launches' replays (each None where it is not replayed),
-    which a later call of the same launch key hands back here to launch them without their lookups.
+    The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
+    same launch keys hands back as ``replays`` to launch them without their lookups.
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])
-        found = replays if replays is not None and not replays else None
-        pre, dkdv, cast = replays if replays else (None, None, None)
+        pre, dkdv, cast = replays or (None, None, None)
         delta, dq_acc, sink_parts = portable_bwd.launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q,
                                                                    zeroed=dq_acc_shape(q, config, packed), dlse=dlse,
                                                                    sinks=sinks, replay=pre, found=found)

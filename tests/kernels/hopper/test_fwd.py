@@ -245,6 +245,11 @@ def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, 
     q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
     k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
     v = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    check_inputs(q, k, v, causal, window_size)
+
+
+def check_inputs(q, k, v, causal, window_size=(-1, -1)):
+    """O and LSE of flash_attn_func on q, k, v against the float64 reference."""
     with poisoned_outputs():
         out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
                                                 return_attn_probs=True)
@@ -296,11 +301,8 @@ def test_a_repeated_forward_replays_with_each_calls_tensors(head_dim, causal, mo
     for turn in range(4):  # turns 0 and 3 at the same addresses, Q's contents new in turn 3
         if turn == 3:
             kept[0].copy_(randn(*kept[0].shape, dtype=torch.bfloat16))
-        q, k, v = kept if turn in (0, 3) else (randn(1, 2100, 8, head_dim, dtype=torch.bfloat16) for _ in range(3))
-        with poisoned_outputs():
-            out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-        ref, ref_lse = reference.attention(q, k, v, causal=causal)
-        assert_attention_close(out, ref, torch_attention(q, k, v, causal, (-1, -1)), lse, ref_lse)
+        check_inputs(*(kept if turn in (0, 3) else (randn(1, 2100, 8, head_dim, dtype=torch.bfloat16)
+                                                    for _ in range(3))), causal)
     assert replayed or not replay.REPLAY_OK
 
 
