@@ -17,10 +17,10 @@ from flashtile.ops import attention_backward, attention_forward
 SPLIT = dict(block_n=64, split_gradients=True)
 CANDIDATES = {
     64: {
-        "two kernels, dQ 128 keys": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128)),
-        "one pass, ring 3": HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
-        "one pass, ring 2": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
         "one pass, 128 rows a step": configs.BWD_HOPPER[(64, False)],
+        "one pass, 64 rows, ring 3": HopperBwdConfig(num_stages=3, dq_hopper=HopperDqConfig(block_n=128),
+                                                     single_pass=True),
+        "one pass, 64 rows, ring 2": HopperBwdConfig(dq_hopper=HopperDqConfig(block_n=128), single_pass=True),
     },
     128: {
         "two kernels": dataclasses.replace(configs.BWD_HOPPER[(128, False)], single_pass=False),

@@ -117,13 +117,13 @@ def _gluon_backward_rows(function, extra=""):
 
 def test_hopper_backward_compiles_for_sm90():
     """kernels/hopper/bwd.py: warp-specialized, wgmma asynchronous, within shared memory. At D=128 causal with GQA
-    it spills a few loop-invariant scalars outside the loops (ptxas -v: 48 bytes; its branch that masks only the
+    it spills a few loop-invariant scalars outside the loops (ptxas -v: 72 bytes; its branch that masks only the
     diagonal tiles costs registers, and measured 6-8 % faster anyway, docs/results/bwd-split-v2.md); otherwise none."""
     for row in _gluon_backward_rows("compile_hopper_bwd") + _gluon_backward_rows("compile_hopper_bwd", ", False, 64"):
         block_m = configs.BWD_HOPPER[(row["head_dim"], row["causal"])].block_m
         k_steps = 2 * (row["head_dim"] // 16) + 2 * block_m // 16  # Sᵀ, dPᵀ over the head dim; dV, dK over Q rows
         assert row["wgmma"] == 2 * k_steps, row  # two consumers
-        assert row["local"] <= (48 if row["head_dim"] == 128 and row["causal"] else 0), row
+        assert row["local"] <= (72 if row["head_dim"] == 128 and row["causal"] else 0), row
         assert row["atomics"] == row["tma_reduce"] == 0, row
         assert row["global_stores"]["all"] == row["global_stores"]["v4"] > 0, row  # dK, dV in 16-byte runs of a row
 
@@ -132,8 +132,9 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
     """kernels/hopper/bwd.py in one pass: each consumer adds dS K for its half of dQ's columns over both consumers'
     keys (two more products), handed to the copy engine as [D, 32] float32 boxes of 64 rows each, no atomics; wgmma
     asynchronous; batch mode and packed sequences. A step adds the previous step's dQ (the loop's code) and the last
-    step's is added after the loop (the same code again). No spills at D=128 but a few bytes packed and causal;
-    D=64's 128-row tiles spill a few bytes and measured faster anyway (docs/perf/backward.md, v9 and v12)."""
+    step's is added after the loop (the same code again). A few bytes of spills outside the loops at D=128, where the
+    Q tile and dQ row a step counts on cost registers (docs/results/bwd-dq-rows-counted-run56.md); D=64's 128-row tiles
+    spill a few bytes and measured faster anyway (docs/perf/backward.md, v9 and v12)."""
     for row in (_gluon_backward_rows("compile_hopper_bwd", ", True")
                 + _gluon_backward_rows("compile_hopper_bwd", ", True, 64")
                 + _gluon_backward_rows("compile_hopper_bwd", ", True, 128, True")
@@ -143,7 +144,7 @@ def test_hopper_single_pass_backward_compiles_for_sm90():
         k_steps += 2 * block_m // 64 * 2 * 4  # ... and dQ: 64-row products over each consumer's 64 keys, twice
         assert row["wgmma"] == 2 * k_steps, row
         limit = {(64, False): 40 if row["varlen"] else 24, (64, True): 208 if row["varlen"] else 188,
-                 (128, True): 28 if row["varlen"] else 0}
+                 (128, False): 16, (128, True): 28 if row["varlen"] else 0}
         assert row["local"] <= limit.get((row["head_dim"], row["causal"]), 0), row
         assert row["tma_reduce"] == 2 * 2 * block_m // 64 and row["atomics"] == 0, row
         assert row["global_stores"]["all"] == row["global_stores"]["v4"] > 0, row  # dK, dV in 16-byte runs of a row
@@ -239,8 +240,9 @@ def test_hopper_forward_spills_outside_the_key_loops():
 
 def test_hopper_backward_consumer_loops_keep_to_registers():
     """The one-pass backward at D=128, both masks: each consumer warpgroup's step is one innermost loop with its
-    32 matrix-product instructions and 32 exponentials a thread (64 keys x 64 rows / 128 threads), and no local-memory
-    traffic (tools/sass_mix.inner_loops on the disassembly)."""
+    32 matrix-product instructions and 32 exponentials a thread (64 keys x 64 rows / 128 threads), and at most one
+    local-memory access a step (tools/sass_mix.inner_loops on the disassembly; one warpgroup's non-causal loop has one
+    since v15, which measured faster: docs/results/bwd-v15-run57.md)."""
     from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
@@ -249,7 +251,7 @@ def test_hopper_backward_consumer_loops_keep_to_registers():
                            "__import__('sass_mix').sass_of(128, c, None, 'bwd'))] for c in (False, True)]")
     for found in loops:
         steps = [loop for loop in found if loop[2] == 32 and loop[1] == 32]
-        assert len(steps) == 2 and all(local == 0 for *_, local in steps), found
+        assert len(steps) == 2 and all(local <= 1 for *_, local in steps), found
 
 
 def test_hopper_decode_compiles_for_sm90():

@@ -210,11 +210,10 @@ def _dq_products(ds_smem, k_smem, ds_ready, t, half: gl.constexpr, dq_zero, DQ_C
 
 
 @gluon.jit
-def _dq_row(sw, gr, b, h_k, group, lo, hi, t, half: gl.constexpr):
-    """Where step t's share of dQ goes in dQacc (rows of 32 floats): its query head and Q tile, this warpgroup's
+def _dq_row(sw, gr, b, h, m_tile, half: gl.constexpr):
+    """Where the share of dQ of query head h's Q tile m_tile goes in dQacc (rows of 32 floats): this warpgroup's
     half."""
-    h = h_k * group + t // (hi - lo)
-    tile_row = b * gr.stride_dqb + h * gr.stride_dqh + (lo + t % (hi - lo)) * (sw.BLOCK_M * sw.HEAD_DIM // 32)
+    tile_row = b * gr.stride_dqb + h * gr.stride_dqh + m_tile * (sw.BLOCK_M * sw.HEAD_DIM // 32)
     return tile_row + half * sw.HEAD_DIM  # (each half's 64 rows: HEAD_DIM / 2 columns, rows of 32 floats)
 
 
@@ -264,12 +263,18 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
     lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
+    TILE_ROWS: gl.constexpr = sw.BLOCK_M * sw.HEAD_DIM // 32  # a Q tile's dQ share in dQacc, rows of 32 floats
+    m_tile = hi * 0 + lo - 1  # the step's Q tile, counted on in the loader's order (no division by hi - lo)
+    dq_row = _dq_row(sw, gr, b, h_k * group, lo, half)  # the previous step's share's row (step 0's at first)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
+        m_tile += 1
+        if m_tile == hi:  # the next query head's first tile
+            m_tile = lo
         stage = t % sw.STAGES
         phase = (t // sw.STAGES) & 1
         q_tile = smem.q.index(stage)
         do_tile = smem.do.index(stage)
-        offs_m = (lo + t % (hi - lo)) * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        offs_m = m_tile * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         mbarrier.wait(smem.q_ready.index(stage), phase)
         s_t = warpgroup_mma(k_half, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.wait(smem.do_ready.index(stage), phase)
@@ -281,10 +286,10 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
             lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
         if sw.CAUSAL:
-            if (last_key >= seqlen_k) | (last_key > (lo + t % (hi - lo)) * sw.BLOCK_M + diag):  # diagonal, end
+            if (last_key >= seqlen_k) | (last_key > m_tile * sw.BLOCK_M + diag):  # diagonal, end
                 ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
-        else:  # kept even where no tile passes the keys: without it ptxas spills more (180 B vs 108)
+        elif last_key >= seqlen_k:  # the keys pass the sequence's end
             p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
         delta = smem.delta.index(stage).load(gl.SliceLayout(0, s_layout))
@@ -301,8 +306,9 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dq: [BLOCK_M, DQ_COLS], handed on under dK's product
             if t > 0:
-                _dq_reduce(dq, smem.dq, dQacc, _dq_row(sw, gr, b, h_k, group, lo, hi, t - 1, half), half)
+                _dq_reduce(dq, smem.dq, dQacc, dq_row, half)
                 mbarrier.arrive(smem.ds_free.index((t - 1) % 2))
+                dq_row += gl.where(m_tile != lo, TILE_ROWS, gr.stride_dqh - (hi - lo - 1) * TILE_ROWS)  # this step's
             dk = warpgroup_mma_wait(0, deps=(dk, ))
         else:
             dk = warpgroup_mma(gl.convert_layout(ds_t, op_layout), q_tile, dk, is_async=True)
@@ -313,7 +319,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         if steps > 0:  # the last step's dQ
             dq = _dq_products(smem.ds, smem.k, smem.ds_ready, steps - 1, half, dq_zero, DQ_COLS)
             dq = warpgroup_mma_wait(0, deps=(dq, ))
-            _dq_reduce(dq, smem.dq, dQacc, _dq_row(sw, gr, b, h_k, group, lo, hi, steps - 1, half), half)
+            _dq_reduce(dq, smem.dq, dQacc, dq_row, half)
         tma.store_wait(0)
     k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
     store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)  # 16-byte runs of a row per store

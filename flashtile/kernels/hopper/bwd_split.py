@@ -148,7 +148,7 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
             if (last_key >= pb.views.seqlen_k) | (last_key > start_m + pb.diag):  # the diagonal, the end
                 ok = (offs_n < pb.views.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
-        else:
+        elif last_key >= pb.views.seqlen_k:  # the keys pass the sequence's end
             p_t = gl.where((offs_n < pb.views.seqlen_k)[:, None], p_t, 0.0)
         p_t = p_t.to(smem.q.dtype)
         mbarrier.wait(smem.p_free.index(t % 2), ((t // 2) & 1) ^ 1)
