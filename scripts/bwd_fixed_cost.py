@@ -5,9 +5,9 @@ tile is one program in both, so ``fixed`` is the programs' prologue and epilogue
 steps.
 Run on the GPU: ``PYTHONPATH=. python scripts/bwd_fixed_cost.py [--seqlen-k 4096] [--head-dims 64 128]``."""
 import argparse
-import collections
 
 import torch
+from step_profile import kernel_times
 
 from flashtile.bench.__main__ import peer_step
 from flashtile.bench.peers import FORWARD
@@ -16,25 +16,9 @@ from flashtile.bench.peers import FORWARD
 def main_kernel_us(step, forward_names):
     """The longest kernel of one step that is not the forward's, in µs (mean of 5 steps), and its name."""
     step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    kernels = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in forward_names:
-            kernels[e.name] += e.device_time / 5
+    kernels = {name: us for name, us in kernel_times(step).items() if name not in forward_names}
     name = max(kernels, key=kernels.get)
     return kernels[name], name
-
-
-def kernel_names(step):
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
 def fit(xs, ys):
@@ -62,7 +46,7 @@ def main(argv=None):
                 fwd = peer_step(FORWARD[name], False, qs[args.seqlens_q[-1]], k, v)
             except ImportError:  # FA4 not installed
                 continue
-            forward_names = kernel_names(fwd)
+            forward_names = set(kernel_times(fwd, 1))
             times, kernel = [], ""
             for n in args.seqlens_q:
                 us, kernel = main_kernel_us(peer_step(FORWARD[name], False, qs[n], k, v, True), forward_names)

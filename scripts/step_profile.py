@@ -35,20 +35,26 @@ def main(argv=None):
                 measure(name, fwd, step, causal, n)
 
 
-def measure(peer, fwd, step, causal, n):
-    """One table row: a peer's forward and step times (flashtile.bench's calls) and its step's kernels."""
-    step()
-    fwd_ms = triton.testing.do_bench(fwd, warmup=25, rep=100)
-    step_ms = triton.testing.do_bench(step, warmup=25, rep=100)
+def kernel_times(step, steps=5):
+    """µs a step of each CUDA kernel that ``step`` runs, the mean of ``steps`` steps under the profiler."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(steps):
             step()
         torch.cuda.synchronize()
     kernels = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[e.name] += e.device_time / 5 / 1000
+            kernels[e.name] += e.device_time / steps
+    return kernels
+
+
+def measure(peer, fwd, step, causal, n):
+    """One table row: a peer's forward and step times (flashtile.bench's calls) and its step's kernels."""
+    step()
+    fwd_ms = triton.testing.do_bench(fwd, warmup=25, rep=100)
+    step_ms = triton.testing.do_bench(step, warmup=25, rep=100)
+    kernels = {name: us / 1000 for name, us in kernel_times(step).items()}
     total = sum(kernels.values())
     names = ", ".join(f"{name[:70]} {ms * 1000:.0f}" for name, ms in sorted(kernels.items(), key=lambda x: -x[1]))
     print(f"| {peer} | {'yes' if causal else 'no'} | {n} | {fwd_ms:.3f} | {step_ms:.3f} | {total:.3f} | "
