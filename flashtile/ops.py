@@ -343,15 +343,16 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
 
 
 def _saved_grads(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor],
-                 backward: Callable) -> tuple:
-    """dq, dk, dv, the sinks' gradient (None for the other inputs) by ``backward`` (the ``bwd`` op, or its function)
-    from what _setup_context saved; dout is None where only the LSE took a gradient."""
+                 backward: Callable, sinks_input: int) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """dq, dk, dv and the sinks' gradient (None unless given sinks, input ``sinks_input``, take one) by ``backward``
+    (the ``bwd`` op, or its function) from what _setup_context saved; dout is None where only the LSE took a
+    gradient."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    wanted = sinks if sinks is not None and ctx.needs_input_grad[15] else None
+    wanted = sinks if sinks is not None and ctx.needs_input_grad[sinks_input] else None
     dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params, dlse, wanted)
-    return (dq, dk, dv) + (None, ) * 12 + (dsinks if wanted is not None else None, )
+    return dq, dk, dv, dsinks if wanted is not None else None
 
 
 def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
@@ -365,7 +366,8 @@ def sink_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
 
 
 def _backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
-    return _saved_grads(ctx, dout, dlse, bwd)
+    dq, dk, dv, dsinks = _saved_grads(ctx, dout, dlse, bwd, 15)
+    return (dq, dk, dv) + (None, ) * 12 + (dsinks, )
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -374,17 +376,20 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 class _Attention(torch.autograd.Function):
     """The same forward and backward as the ``fwd`` op, for eager calls: autograd without the custom op's dispatch
     and checks, which cost more host time than a short step's kernels take (docs/perf/backward.md, "The step around the
-    kernels")."""
+    kernels"). It takes the ``fwd`` op's arguments as q, k, v, sinks and a tuple of the rest, which autograd need not
+    look through one by one."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, *args: object) -> tuple[Tensor, Tensor]:
+    def forward(ctx: torch.autograd.function.FunctionCtx, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
+                rest: tuple) -> tuple[Tensor, Tensor]:
+        args = (q, k, v, *rest, sinks)
         output = _fwd_impl(*args)
         _setup_context(ctx, args, output)
         return output
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dout: Optional[Tensor], dlse: Optional[Tensor]) -> tuple:
-        return _saved_grads(ctx, dout, dlse, _bwd_eager)
+        return *_saved_grads(ctx, dout, dlse, _bwd_eager, 3), None
 
 
 def pad_head_dim(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -436,7 +441,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, windo
         return fwd(*args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                     or (sinks is not None and sinks.requires_grad)):
-        return _Attention.apply(*args)
+        return _Attention.apply(q, k, v, sinks, args[3:15])
     return _fwd_impl(*args)
 
 

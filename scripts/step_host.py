@@ -78,21 +78,20 @@ class _Floor(torch.autograd.Function):
 
 
 class _Shaped(torch.autograd.Function):
-    """_Floor with ops._Attention's signature: 16 arguments, (out, lse) out, what ops._setup_context saves, 16
-    gradients back."""
+    """_Floor with ops._Attention's signature: q, k, v, sinks and the rest in a tuple, (out, lse) out, what
+    ops._setup_context saves, five gradients back."""
 
     @staticmethod
-    def forward(ctx, *args):
+    def forward(ctx, q, k, v, sinks, rest):
         from flashtile import ops
-        q = args[0]
         out, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-        ops._setup_context(ctx, args, (out, lse))
+        ops._setup_context(ctx, (q, k, v, *rest, sinks), (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v = ctx.saved_tensors[:3]
-        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) + (None, ) * 13
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, None
 
 
 class _ShapedForward(_Shaped):
@@ -149,8 +148,8 @@ def parts(calls=2000, turns=3):
 
     def shaped(function=_Shaped):
         def run():
-            torch.autograd.grad(function.apply(q, k, v, None, None, 128, 128, 0.088, -1, 0, True, False, False, 0.0,
-                                               None, None)[0], (q, k, v), dout)
+            rest = (None, None, 128, 128, 0.088, -1, 0, True, False, False, 0.0, None)
+            torch.autograd.grad(function.apply(q, k, v, None, rest)[0], (q, k, v), dout)
         return run
 
     def no_launch_step():
