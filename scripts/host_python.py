@@ -82,6 +82,7 @@ def main(argv=None):
             mock.patch.object(replay.Replays, "launch", _found_launch), \
             mock.patch.object(fwd_launch._REPLAYS, "get", lambda key: found), \
             mock.patch.object(fwd_launch, "stream_counter", lambda device, size: lse), \
+            mock.patch.object(fwd_launch, "is_stream_counter", lambda device, counter: True, create=True), \
             mock.patch.object(checks, "interpreter_enabled", lambda: True), \
             mock.patch.object(checks, "_interpreter_loaded_late", lambda: False):
         print(f"plans: {dispatch.forward(q, k, v, (-1, 0))}; {dispatch.backward(q, k, v, dout, (-1, 0))}")
@@ -99,6 +100,7 @@ def main(argv=None):
                    "step": rows["flash_attn_func, forward + backward (autograd)"]}[args.cprofile]
             profile.runcall(lambda: [row() for _ in range(2000)])
             pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+            pstats.Stats(profile).sort_stats("cumulative").print_stats("flashtile", 25)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,65 @@ def _one_pass_stubs(monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
+    """A plain forward's second call of the same launch key launches the replay the first made with its own tensors
+    in the same slots, without dispatch; a new counter on the stream (another stream, a graph capture), another
+    key or another config table goes the first call's way."""
+    from types import SimpleNamespace
+
+    from flashtile import configs, dispatch
+    from flashtile.kernels.common import replay
+    from flashtile.kernels.hopper import fwd_launch
+    calls, plans, stream = [], [], {"counter": torch.zeros(8, dtype=torch.int32)}
+
+    class Made:  # fwd_launch's Replay: a first launch through Triton, then replays
+        def __init__(self, kernel, grid, args, kwargs, slots):
+            self.compiled = object()
+            calls.append(("first", args))
+
+        def prepare_raw(self):
+            pass
+
+        def launch(self, device, tensors):
+            calls.append(("again", tensors))
+
+    monkeypatch.setattr(dispatch, "runs_gluon", lambda device: True)
+    monkeypatch.setattr(fwd_launch, "supports", lambda *args: True)
+    monkeypatch.setattr(configs, "FWD_HOPPER", dict(configs.FWD_HOPPER))
+    monkeypatch.setattr(ops, "_FORWARD_AGAIN", {})
+    monkeypatch.setattr(fwd_launch, "_REPLAYS", replay.Replays())
+    monkeypatch.setattr(fwd_launch, "Replay", Made)
+    monkeypatch.setattr(fwd_launch, "launch_args",
+                        lambda *args: ((1, ), args, {"SWITCHES": SimpleNamespace(STAGE_O=True)}))
+    monkeypatch.setattr(fwd_launch, "stream_counter", lambda device, size: stream["counter"])
+    monkeypatch.setattr(fwd_launch, "is_stream_counter", lambda device, counter: counter is stream["counter"])
+    forward = dispatch.forward
+    monkeypatch.setattr(dispatch, "forward", lambda *args, **kw: plans.append(args) or forward(*args, **kw))
+    window = (-1, 0) if causal else (-1, -1)
+
+    def call(seqlen=300):
+        q, k, v = (randn(2, seqlen, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+        calls.clear()
+        out, lse = ops.attention_forward(q, k, v, 0.088, window, True)
+        return (q, k, v, out, lse), list(calls)
+
+    _, first = call()
+    assert [name for name, _ in first] == ["first"] and len(plans) == 1
+    (q, k, v, out, lse), again = call()
+    assert len(plans) == 1 and [name for name, _ in again] == ["again"]
+    assert all(a is b for a, b in zip(again[0][1], (q, k, v, out, out, lse, lse, q, k, v)))
+    assert again[0][1][10:] == (None, None)
+    stream["counter"] = torch.zeros(8, dtype=torch.int32)  # another stream's counter: the replay holds the old one
+    _, moved = call()
+    assert len(plans) == 2 and [name for name, _ in moved] == ["first"]
+    call(seqlen=301)
+    assert len(plans) == 3
+    monkeypatch.setattr(configs, "FWD_HOPPER", dict(configs.FWD_HOPPER))
+    call()
+    assert len(plans) == 4
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_a_repeated_plain_backward_replays_the_one_pass_without_dispatch(causal, monkeypatch):
     """A plain call's second backward of the same launch key launches the three replays the first found (delta and
     the zeroed dQacc, dK/dV, the dQ cast) with its own tensors in the same places, without dispatch; a call with

@@ -9,7 +9,7 @@ from ..common.tiles import cdiv, num_sms
 from .common import GLUON_VERSION_OK, descriptor, same_rows, smem_layout, view, view_layout
 from .fwd import flash_fwd_hopper_kernel
 from .fwd_bundles import FwdSwitches
-from .fwd_schedule import WG_M, counter_size, stream_counter, uses_claims, uses_frozen_max
+from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter, uses_claims, uses_frozen_max
 
 
 def supports(q, k, v, window_size):
@@ -26,10 +26,12 @@ _REPLAYS = Replays()
 
 
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      bottom_right, config, sinks=None):
+                      bottom_right, config, sinks=None, found=None):
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig; ``sinks`` (float32
     (nheads,) or None) a learned sink logit per head. The first call of a launch key goes through Triton; later ones
-    replay it (kernels/common/replay.py) with descriptors of this call's tensors."""
+    replay it (kernels/common/replay.py) with descriptors of this call's tensors. ``found`` (a list, or None) gets
+    (the key's replay, its counter), which launch_again launches for a later call of the same key without its lookups
+    (nothing where launches are not replayed)."""
     size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
     counter = stream_counter(q.device, size) if size else None
     key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, counter, sinks), max_seqlen_q, softmax_scale,
@@ -44,9 +46,27 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
         if replay.compiled is not None:
             replay.stage_o = kwargs["SWITCHES"].STAGE_O
         _REPLAYS.put(key, replay)
-    else:  # (without STAGE_O o_desc, unused, is q's)
-        replay.launch(q.device, (q, k, v, out if replay.stage_o else q, out, lse, lse if sinks is None else sinks, q, k,
-                                 v, cu_seqlens_q, cu_seqlens_k))
+        replay = _REPLAYS.get(key)
+    else:
+        _launch(replay, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
+    if found is not None and replay is not None:
+        found.append((replay, counter))
+
+
+def launch_again(kept, q, k, v, out, lse, sinks=None):
+    """Launch ``kept`` (what launch_fwd_hopper's ``found`` got, for a batch-mode call of the same launch key) with this
+    call's tensors; False, launching nothing, where the current stream's counter is not the one its replay holds."""
+    replay, counter = kept
+    if counter is not None and not is_stream_counter(q.device, counter):
+        return False
+    _launch(replay, q, k, v, out, lse, None, None, sinks)
+    return True
+
+
+def _launch(replay, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks):
+    """A replay with this call's tensors in its slots (without STAGE_O o_desc, unused, is q's)."""
+    replay.launch(q.device, (q, k, v, out if replay.stage_o else q, out, lse, lse if sinks is None else sinks, q, k, v,
+                             cu_seqlens_q, cu_seqlens_k))
 
 
 def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object) -> FwdSwitches:

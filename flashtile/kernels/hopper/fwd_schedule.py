@@ -161,6 +161,14 @@ def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q):
     return 1 if uses_claims(config, causal, varlen, seqlen_q) else 0
 
 
+def is_stream_counter(device, counter):
+    """Whether ``counter`` is the one stream_counter would hand a launch on the current stream now (never while a CUDA
+    graph is captured: each captured launch gets its own)."""
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    return COUNTERS.get((device, stream_handle(device))) is counter
+
+
 def stream_counter(device, size):
     """The zeroed int32 counter (at least ``size`` of them) a launch claims items from and queues FROZEN_MAX's
     failed rows in. Eager: one per stream, made on its first launch, grown when a launch needs more (each launch's
