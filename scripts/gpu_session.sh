@@ -3,7 +3,7 @@
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
-#        [ncu-bwd-peers]
+#        [ncu-bwd-peers] [kept-replays] [bench-warmup]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -116,6 +116,20 @@ for step in "$@"; do
       fi
       gzip -f "$out/fa-tests-full.log" ;;
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
+    kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their
+      # GPU tests (replays at new and old addresses, claims under CUDA graphs, the eager step), then small calls
+      timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
+        tests/kernels/common tests/test_ops.py -k "replay or claims or frozen_max or graph or covers_the_common" 2>&1 \
+        | grep -E "passed|failed|FAILED|Error" | tee "$out/kept-replays.log"
+      timeout 150 python3 -m flashtile.bench.small_calls --out "$out/small-calls" 2>&1 | grep "^|" \
+        | tee -a "$out/kept-replays.log" ;;
+    bench-warmup)  # the bench's clocks (docs/perf/backward.md, "Next, from run 57"): the default warm-up against a
+      # second of each peer's own step before its timing; FA4 where PYTHONPATH has it
+      for w in 25 1000 25 1000; do
+        timeout 140 python3 -m flashtile.bench --backward --peers flashtile FA4 cuDNN --head-dims 64 128 \
+          --seqlens 1024 4096 --rounds 1 --warm-gpu 2 --warmup $w --out "$out/warmup-$w" 2>&1 | grep "^|" \
+          | sed "s/^/warmup $w ms: /" | tee -a "$out/bench-warmup.log"
+      done ;;
     pipeline-record)  # issue 41 item 3: the sm90 forward's timeline from Proton's records; bring the trace back
       timeout 200 python3 -m flashtile viz --pipeline --record -o "$out/pipeline.html" 2>&1 | tail -20 \
         | tee "$out/pipeline-record.log"
