@@ -136,10 +136,10 @@ def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
     monkeypatch.setattr(dispatch, "forward", lambda *args, **kw: plans.append(args) or forward(*args, **kw))
     window = (-1, 0) if causal else (-1, -1)
 
-    def call(seqlen=300):
+    def call(seqlen=300, sinks=None):
         q, k, v = (randn(2, seqlen, 4, 128, dtype=torch.bfloat16) for _ in range(3))
         calls.clear()
-        out, lse = ops.attention_forward(q, k, v, 0.088, window, True)
+        out, lse = ops.attention_forward(q, k, v, 0.088, window, True, sinks=sinks)
         return (q, k, v, out, lse), list(calls)
 
     _, first = call()
@@ -156,6 +156,10 @@ def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
     monkeypatch.setattr(configs, "FWD_HOPPER", dict(configs.FWD_HOPPER))
     call()
     assert len(plans) == 4
+    call(sinks=torch.randn(4, device=DEVICE))  # sinks: a key of its own; its replays take each call's sinks
+    sinks = torch.randn(4, device=DEVICE)
+    _, with_sinks = call(sinks=sinks)
+    assert len(plans) == 5 and with_sinks[0][0] == "again" and with_sinks[0][1][6] is sinks
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
