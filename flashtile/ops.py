@@ -12,7 +12,7 @@ import triton
 from torch import Tensor
 
 from . import configs, dispatch
-from .kernels.common.replay import can_replay, launch_key, stream_handle
+from .kernels.common.replay import Kept, launch_key, stream_handle
 from .kernels.common.tiles import tma_addressable
 from .kernels.portable.bwd import launch_bwd, launch_preprocess
 from .kernels.portable.decode import arrival_slots, launch_combine, launch_decode, partial_elements
@@ -80,10 +80,11 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
                                     lse)
         return out, lse
     plain = not packed and config is None and not softcap and alibi_slopes is None
+    key = None
     if plain and _FORWARD_AGAIN:
-        kept = _FORWARD_AGAIN.get(_forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right))
-        if (kept is not None and kept[1] is configs.FWD_HOPPER and can_replay()
-                and dispatch.hopper("fwd_launch").launch_again(kept[0], q, k, v, out, lse, sinks)):
+        key = _forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right)
+        kept = _FORWARD_AGAIN.get(key, configs.FWD_HOPPER)
+        if kept is not None and dispatch.hopper("fwd_launch").launch_again(kept, q, k, v, out, lse, sinks):
             return out, lse
     if packed:  # offsets no kernel can read out of bounds with, whatever their values
         cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
@@ -98,10 +99,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
                                                         softmax_scale, dispatch.is_causal(window_size), bottom_right,
                                                         plan.config, sinks, found)
         if found:
-            if len(_FORWARD_AGAIN) >= 256:
-                _FORWARD_AGAIN.clear()
-            key = _forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right)
-            _FORWARD_AGAIN[key] = (found[0], configs.FWD_HOPPER)  # (the table: its id is in the key)
+            key = key or _forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right)
+            _FORWARD_AGAIN.put(key, found[0], configs.FWD_HOPPER)
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
                           bottom_right, plan.config, softcap, alibi_slopes, sinks)
@@ -111,9 +110,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
 
 
 # The sm90 forward's replay and counter by the launch key of a plain batch-mode call (no softcap, ALiBi or config
-# given): a training loop's later steps launch it without the dispatch, checks and launch key of the first (256 keys,
-# then it starts over).
-_FORWARD_AGAIN: dict = {}
+# given): a training loop's later steps launch it without the dispatch, checks and launch key of the first.
+_FORWARD_AGAIN = Kept()
 
 
 def _forward_key(q: Tensor, k: Tensor, v: Tensor, out: Tensor, sinks: Optional[Tensor], softmax_scale: float,
@@ -156,8 +154,8 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
              and sinks is None and grads_out[0] is None and grads_out[1] is None and grads_out[2] is None)
     if plain and _ONE_PASS:
         found = _ONE_PASS.get(_one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right,
-                                            deterministic))
-        if found is not None and found[3] is configs.BWD_HOPPER and can_replay():
+                                            deterministic), configs.BWD_HOPPER)
+        if found is not None:
             return _one_pass_again(found, dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right,
                                    return_delta)
     dq, dk, dv = (g if _writable_like(g, t) else torch.empty(t.shape, device=t.device, dtype=t.dtype)
@@ -207,10 +205,8 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                                    bottom_right, deterministic, plan.config, dlse=dlse, sinks=sinks, packed=packed,
                                    found=found)
         if found and all(r is not None for r in found):
-            if len(_ONE_PASS) >= 256:
-                _ONE_PASS.clear()
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
-            _ONE_PASS[key] = (launch, plan.config, found, configs.BWD_HOPPER)  # (the table: its id is in the key)
+            _ONE_PASS.put(key, (launch, plan.config, found), configs.BWD_HOPPER)
         if cu_seqlens_q is not None:  # query rows past the last sequence
             launch_zero_unused_rows(dq, cu_seqlens_q)
         return delta, sink_parts
@@ -224,10 +220,10 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     return delta, sink_parts
 
 
-# The sm90 one pass's replays (launcher, config, the three launches' Replays, the table) by the launch key of a plain
-# backward call (no packed sequences, softcap, ALiBi, LSE gradient, sinks or given gradient buffers): a training loop's
-# later steps launch them without the dispatch, checks and launch keys of the first (256 keys, then it starts over).
-_ONE_PASS: dict = {}
+# The sm90 one pass's replays (launcher, config, the three launches' Replays) by the launch key of a plain backward
+# call (no packed sequences, softcap, ALiBi, LSE gradient, sinks or given gradient buffers): a training loop's later
+# steps launch them without the dispatch, checks and launch keys of the first.
+_ONE_PASS = Kept()
 
 
 def _one_pass_key(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
@@ -241,7 +237,7 @@ def _one_pass_again(found: tuple, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
                     softmax_scale: float, window_size: tuple[int, int], bottom_right: bool,
                     return_delta: bool) -> tuple[Tensor, ...]:
     """attention_backward for a plain call whose launch key an earlier call ran on the sm90 one pass (_ONE_PASS)."""
-    launch, config, replays, _ = found
+    launch, config, replays = found
     dq, dk, dv = (torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))
     delta, _ = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size), bottom_right,
                       False, config, replays=replays)

@@ -86,7 +86,7 @@ def _one_pass_stubs(monkeypatch):
     monkeypatch.setattr(dispatch, "runs_gluon", lambda device: True)
     monkeypatch.setattr(bwd_hopper, "supports", lambda *args: True)
     monkeypatch.setattr(configs, "BWD_HOPPER", dict(configs.BWD_HOPPER))
-    monkeypatch.setattr(ops, "_ONE_PASS", {})
+    monkeypatch.setattr(ops, "_ONE_PASS", replay.Kept())
     backward = dispatch.backward
     monkeypatch.setattr(dispatch, "backward", lambda *args, **kw: plans.append(args) or backward(*args, **kw))
 
@@ -125,7 +125,7 @@ def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
     monkeypatch.setattr(dispatch, "runs_gluon", lambda device: True)
     monkeypatch.setattr(fwd_launch, "supports", lambda *args: True)
     monkeypatch.setattr(configs, "FWD_HOPPER", dict(configs.FWD_HOPPER))
-    monkeypatch.setattr(ops, "_FORWARD_AGAIN", {})
+    monkeypatch.setattr(ops, "_FORWARD_AGAIN", replay.Kept())
     monkeypatch.setattr(fwd_launch, "_REPLAYS", replay.Replays())
     monkeypatch.setattr(fwd_launch, "Replay", Made)
     monkeypatch.setattr(fwd_launch, "launch_args",

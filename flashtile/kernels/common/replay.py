@@ -83,6 +83,31 @@ class Replays:
             self.replays[key] = replay
 
 
+class Kept:
+    """What a plain call's first launch found (its replays, the config they run), kept by the call's key, so that a
+    later call of that key launches it without dispatch, checks and launch keys: ops' forward and backward. A hit
+    needs launches replayed and the config table the first call read still in place (``table``, whose id the key
+    holds); ``maxsize`` keys, then it starts over."""
+
+    def __init__(self, maxsize=256):
+        self.items, self.maxsize = {}, maxsize
+
+    def __len__(self):
+        return len(self.items)
+
+    def get(self, key, table):
+        item = self.items.get(key)
+        return item[0] if item is not None and item[1] is table and can_replay() else None
+
+    def put(self, key, value, table):
+        if len(self.items) >= self.maxsize:
+            self.items.clear()
+        self.items[key] = (value, table)
+
+    def clear(self):
+        self.items.clear()
+
+
 class Replay:
     """One launch of ``kernel`` (made now, through Triton's usual path) and its replays. ``slots`` names the
     arguments that change from call to call (tensors); ``run`` takes new values for them, in that order.
