@@ -16,6 +16,7 @@ from .kernels.common.replay import Kept, launch_key, stream_handle
 from .kernels.common.tiles import tma_addressable
 from .kernels.portable.bwd import launch_bwd, launch_preprocess
 from .kernels.portable.decode import arrival_slots, launch_combine, launch_decode, partial_elements
+from .kernels.portable.fwd import launch_again as launch_fwd_again
 from .kernels.portable.fwd import launch_fwd
 from .kernels.portable.new_tokens import launch_append, launch_rotary
 from .kernels.portable.packed import launch_safe_offsets, launch_zero_unused_rows
@@ -83,8 +84,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     key = None
     if plain and _FORWARD_AGAIN:
         key = _forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right)
-        kept = _FORWARD_AGAIN.get(key, configs.FWD_HOPPER)
-        if kept is not None and dispatch.hopper("fwd_launch").launch_again(kept, q, k, v, out, lse, sinks):
+        kept = _FORWARD_AGAIN.get(key, _forward_tables())
+        if kept is not None and kept[0](kept[1], q, k, v, out, lse, sinks):
             return out, lse
     if packed:  # offsets no kernel can read out of bounds with, whatever their values
         cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
@@ -93,25 +94,33 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     else:
         plan = dispatch.Plan("hopper/fwd.py" if isinstance(config, configs.HopperFwdConfig) else "portable/fwd.py",
                              config)
+    found = [] if plain else None
     if plan.kernel == "hopper/fwd.py":
-        found = [] if plain else None
-        dispatch.hopper("fwd_launch").launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                        softmax_scale, dispatch.is_causal(window_size), bottom_right,
-                                                        plan.config, sinks, found)
-        if found:
-            key = key or _forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right)
-            _FORWARD_AGAIN.put(key, found[0], configs.FWD_HOPPER)
+        fwd_launch = dispatch.hopper("fwd_launch")
+        fwd_launch.launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                                     dispatch.is_causal(window_size), bottom_right, plan.config, sinks, found)
+        again = fwd_launch.launch_again
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-                          bottom_right, plan.config, softcap, alibi_slopes, sinks)
+                          bottom_right, plan.config, softcap, alibi_slopes, sinks, found)
+        again = launch_fwd_again
+    if found and found[0] is not None:
+        key = key or _forward_key(q, k, v, out, sinks, softmax_scale, window_size, bottom_right)
+        _FORWARD_AGAIN.put(key, (again, found[0]), _forward_tables())
     if packed:  # rows past the last sequence
         launch_zero_unused_rows(out, cu_seqlens_q, lse)
     return out, lse
 
 
-# The sm90 forward's replay and counter by the launch key of a plain batch-mode call (no softcap, ALiBi or config
-# given): a training loop's later steps launch it without the dispatch, checks and launch key of the first.
+# The forward's launch function and what it launches again (the sm90 replay and its counter, or the portable
+# replay) by the launch key of a plain batch-mode call (no softcap, ALiBi or config given): a training loop's later
+# steps launch it without the dispatch, checks and launch key of the first.
 _FORWARD_AGAIN = Kept()
+
+
+def _forward_tables() -> tuple:
+    """The config tables a plain forward's dispatch reads (the sm90 chains, then the portable tiles)."""
+    return configs.FWD_HOPPER, configs.FWD_SM90, configs.FWD_FP32, configs.FWD_GENERIC, configs.FWD_INTERPRETER
 
 
 def _forward_key(q: Tensor, k: Tensor, v: Tensor, out: Tensor, sinks: Optional[Tensor], softmax_scale: float,
@@ -124,14 +133,18 @@ def _forward_key(q: Tensor, k: Tensor, v: Tensor, out: Tensor, sinks: Optional[T
 def _portable_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: Optional[int], softmax_scale: float,
                       window_size: tuple[int, int], bottom_right: bool, config: object, softcap: float,
-                      alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> None:
-    """kernels/portable/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not."""
+                      alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], found: Optional[list] = None) -> None:
+    """kernels/portable/fwd.py into ``out`` and ``lse``, through TMA-ready copies where the tensors are not. ``found``
+    (a list, or None) gets the launch's replay where no copy was made (a replay takes the call's own tensors)."""
     packed = cu_seqlens_q is not None
-    q, k, v, o = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out)
+    inputs = (q, k, v, out)
+    q, k, v, o = (_tma_ready(t) for t in inputs)
     if packed:
         _ensure_allocator(q.device)
+    if found is not None and not all(a is b for a, b in zip(inputs, (q, k, v, o))):
+        found = None
     launch_fwd(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size, bottom_right,
-               config, softcap, _unit_last_stride(alibi_slopes), sinks)
+               config, softcap, _unit_last_stride(alibi_slopes), sinks, found)
     if o is not out:
         out.copy_(o)
 

@@ -1,6 +1,8 @@
 """ops.py's gradient buffers: which tensors are slices of one packed tensor (packed_shape), the kernels writing
 gradients into such slices in place (attention_backward's grads_out), and the eager backward giving packed inputs
 gradients that share one buffer (shared_grads)."""
+import dataclasses
+
 import pytest
 import torch
 from helpers import DEVICE, poisoned_outputs, randn
@@ -99,6 +101,21 @@ def _one_pass_stubs(monkeypatch):
     return calls, plans
 
 
+def _replay_stub(calls):
+    """A stand-in for a launcher's Replay class: its first launch and its replays are appended to ``calls``."""
+    class Made:
+        def __init__(self, kernel, grid, args, kwargs, slots):
+            self.compiled = object()
+            calls.append(("first", args))
+
+        def prepare_raw(self):
+            pass
+
+        def launch(self, device, tensors):
+            calls.append(("again", tensors))
+    return Made
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
     """A plain forward's second call of the same launch key launches the replay the first made with its own tensors
@@ -111,17 +128,7 @@ def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
     from flashtile.kernels.hopper import fwd_launch
     calls, plans, stream = [], [], {"counter": torch.zeros(8, dtype=torch.int32)}
 
-    class Made:  # fwd_launch's Replay: a first launch through Triton, then replays
-        def __init__(self, kernel, grid, args, kwargs, slots):
-            self.compiled = object()
-            calls.append(("first", args))
-
-        def prepare_raw(self):
-            pass
-
-        def launch(self, device, tensors):
-            calls.append(("again", tensors))
-
+    Made = _replay_stub(calls)
     monkeypatch.setattr(dispatch, "runs_gluon", lambda device: True)
     monkeypatch.setattr(fwd_launch, "supports", lambda *args: True)
     monkeypatch.setattr(configs, "FWD_HOPPER", dict(configs.FWD_HOPPER))
@@ -160,6 +167,52 @@ def test_a_repeated_plain_forward_replays_without_dispatch(causal, monkeypatch):
     sinks = torch.randn(4, device=DEVICE)
     _, with_sinks = call(sinks=sinks)
     assert len(plans) == 5 and with_sinks[0][0] == "again" and with_sinks[0][1][6] is sinks
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_repeated_plain_portable_forward_replays_without_dispatch(causal, monkeypatch):
+    """The same for the portable forward (another GPU, or rows below the sm90 chains): a plain call's second call of
+    the same launch key launches its replay with its own tensors, sinks too, without dispatch; another key, a softcap
+    (not plain) or another config table goes the first call's way."""
+    from flashtile import configs, dispatch
+    from flashtile.kernels.common import replay
+    from flashtile.kernels.portable import fwd
+    calls, plans = [], []
+
+    Made = _replay_stub(calls)
+    monkeypatch.setattr(ops, "_FORWARD_AGAIN", replay.Kept())
+    monkeypatch.setattr(fwd, "_REPLAYS", replay.Replays())
+    monkeypatch.setattr(fwd, "Replay", Made)
+    monkeypatch.setattr(dispatch, "runs_gluon", lambda device: False)
+    forward = dispatch.forward
+    monkeypatch.setattr(dispatch, "forward", lambda *args, **kw: plans.append(args) or forward(*args, **kw))
+    window = (-1, 0) if causal else (-1, -1)
+
+    def call(seqlen=300, sinks=None, softcap=0.0):
+        q, k, v = (randn(2, seqlen, 4, 64, dtype=torch.float16) for _ in range(3))
+        calls.clear()
+        out, lse = ops.attention_forward(q, k, v, 0.125, window, True, sinks=sinks, softcap=softcap)
+        return (q, k, v, out, lse), list(calls)
+
+    _, first = call()
+    assert [name for name, _ in first] == ["first"] and len(plans) == 1
+    (q, k, v, out, lse), again = call()
+    assert len(plans) == 1 and [name for name, _ in again] == ["again"]
+    assert all(a is b for a, b in zip(again[0][1], (q, k, v, out, lse))) and again[0][1][5:] == (None, ) * 4
+    call(seqlen=301)
+    assert len(plans) == 2
+    call(softcap=5.0)
+    call(softcap=5.0)
+    assert len(plans) == 4
+    for name in ("FWD_INTERPRETER", "FWD_FP32", "FWD_SM90", "FWD_GENERIC"):  # equal tables, but other objects
+        table = getattr(configs, name)
+        monkeypatch.setattr(configs, name, dict(table) if isinstance(table, dict) else dataclasses.replace(table))
+    call()
+    assert len(plans) == 5
+    sinks = randn(4, dtype=torch.float32)
+    call(sinks=sinks)
+    _, with_sinks = call(sinks=sinks)
+    assert len(plans) == 6 and with_sinks[0][0] == "again" and with_sinks[0][1][8] is sinks
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

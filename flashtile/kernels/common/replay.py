@@ -8,6 +8,7 @@ launcher. The caller keys replays by everything that fixes the other arguments a
 specialization (shapes, strides, 16-byte alignment of each pointer, constexprs).
 """
 import os
+from operator import is_
 
 import torch
 import triton
@@ -86,8 +87,8 @@ class Replays:
 class Kept:
     """What a plain call's first launch found (its replays, the config they run), kept by the call's key, so that a
     later call of that key launches it without dispatch, checks and launch keys: ops' forward and backward. A hit
-    needs launches replayed and the config table the first call read still in place (``table``, whose id the key
-    holds); ``maxsize`` keys, then it starts over."""
+    needs launches replayed and the config tables the first call read still in place (``table``: one, or a tuple of
+    them, compared by identity); ``maxsize`` keys, then it starts over."""
 
     def __init__(self, maxsize=256):
         self.items, self.maxsize = {}, maxsize
@@ -97,7 +98,7 @@ class Kept:
 
     def get(self, key, table):
         item = self.items.get(key)
-        return item[0] if item is not None and item[1] is table and can_replay() else None
+        return item[0] if item is not None and (item[1] is table or _same(item[1], table)) and can_replay() else None
 
     def put(self, key, value, table):
         if len(self.items) >= self.maxsize:
@@ -106,6 +107,11 @@ class Kept:
 
     def clear(self):
         self.items.clear()
+
+
+def _same(kept, tables):
+    """Whether two tuples of config tables hold the same tables (identity: a table swapped in is another)."""
+    return type(tables) is tuple and type(kept) is tuple and len(kept) == len(tables) and all(map(is_, kept, tables))
 
 
 class Replay:

@@ -122,17 +122,25 @@ _REPLAYS = Replays()
 
 
 def launch_fwd(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-               bottom_right, config, softcap=0.0, alibi_slopes=None, sinks=None):
+               bottom_right, config, softcap=0.0, alibi_slopes=None, sinks=None, found=None):
     """Launch on prepared tensors: q, k, v, out (batch, seqlen, nheads, headdim) with lse (batch, nheads,
     seqlen_q), or packed (total, nheads, headdim) with cu_seqlens and lse (nheads, total_q). ``softcap`` > 0,
     ``alibi_slopes`` (float32 (nheads,) or (batch, nheads), contiguous): flash-attn's softcap and ALiBi; ``sinks``
     (float32 (nheads,), contiguous): a learned sink logit per head. The first call of a launch key goes through
-    Triton; later ones replay it (kernels/common/replay.py)."""
+    Triton; later ones replay it (kernels/common/replay.py). ``found`` (a list, or None) gets the key's replay, which
+    launch_again launches for a later batch-mode call of the same key."""
     tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
     key = launch_key(tensors, max_seqlen_q, softmax_scale, window_size, bottom_right, config, softcap)
     _REPLAYS.launch(key, q.device, tensors, functools.partial(
         _first_launch, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
-        bottom_right, config, softcap, alibi_slopes, sinks))
+        bottom_right, config, softcap, alibi_slopes, sinks), found)
+
+
+def launch_again(replay, q, k, v, out, lse, sinks=None):
+    """Launch ``replay`` (what launch_fwd's ``found`` got, for a batch-mode call without softcap or ALiBi of the same
+    launch key) with this call's tensors; True, as hopper/fwd_launch.launch_again where it launches."""
+    replay.launch(q.device, (q, k, v, out, lse, None, None, None, sinks))
+    return True
 
 
 def _first_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,

@@ -306,6 +306,26 @@ def test_a_repeated_forward_replays_with_each_calls_tensors(head_dim, causal, mo
     assert replayed or not replay.REPLAY_OK
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOW, ids=lambda t: DTYPE_IDS[t])
+def test_a_repeated_short_forward_is_kept_with_each_calls_tensors(dtype, causal):
+    """Short calls (the portable kernel on sm90 at D=64 below 1k rows; every call on the "portable" backend) are kept
+    by their launch key after the first (ops._FORWARD_AGAIN): later calls launch the replay with their own tensors, at
+    new addresses and at addresses seen before with new contents, sinks too."""
+    from flashtile import ops
+    from flashtile.kernels.common import replay
+    kept = [randn(8, 256, 16, 64, dtype=dtype) for _ in range(3)]
+    for turn in range(4):  # turns 0 and 3 at the same addresses, Q's contents new in turn 3
+        if turn == 3:
+            kept[0].copy_(randn(*kept[0].shape, dtype=dtype))
+        check_inputs(*(kept if turn in (0, 3) else (randn(8, 256, 16, 64, dtype=dtype) for _ in range(3))), causal)
+    assert len(ops._FORWARD_AGAIN) or not replay.can_replay()
+    for _ in range(3):  # each call's own sinks
+        check_sinks(2, 100, 100, 16, 16, 64, dtype, causal, backward=False)
+
+
 def _large_cases():
     for head_dim in (64, 128, 256):
         for seqlen in (1024, 4096, 16384):
