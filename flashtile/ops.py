@@ -125,9 +125,9 @@ def _forward_tables() -> tuple:
 
 def _forward_key(q: Tensor, k: Tensor, v: Tensor, out: Tensor, sinks: Optional[Tensor], softmax_scale: float,
                  window_size: tuple[int, int], bottom_right: bool) -> tuple:
-    """A plain forward call's key in _FORWARD_AGAIN: its tensors' launch key, its arguments and what dispatch reads."""
-    return launch_key((q, k, v, out, sinks), softmax_scale, window_size, bottom_right, configs.FWD_BACKEND,
-                      id(configs.FWD_HOPPER))
+    """A plain forward call's key in _FORWARD_AGAIN: its tensors' launch key, its arguments and the backend dispatch
+    reads (its config tables are checked by identity: _forward_tables)."""
+    return launch_key((q, k, v, out, sinks), softmax_scale, window_size, bottom_right, configs.FWD_BACKEND)
 
 
 def _portable_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
@@ -167,7 +167,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
              and sinks is None and grads_out[0] is None and grads_out[1] is None and grads_out[2] is None)
     if plain and _ONE_PASS:
         found = _ONE_PASS.get(_one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right,
-                                            deterministic), configs.BWD_HOPPER)
+                                            deterministic), (configs.BWD_HOPPER, ))
         if found is not None:
             return _one_pass_again(found, dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right,
                                    return_delta)
@@ -219,7 +219,7 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                                    found=found)
         if found and all(r is not None for r in found):
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
-            _ONE_PASS.put(key, (launch, plan.config, found), configs.BWD_HOPPER)
+            _ONE_PASS.put(key, (launch, plan.config, found), (configs.BWD_HOPPER, ))
         if cu_seqlens_q is not None:  # query rows past the last sequence
             launch_zero_unused_rows(dq, cu_seqlens_q)
         return delta, sink_parts
@@ -241,9 +241,10 @@ _ONE_PASS = Kept()
 
 def _one_pass_key(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
                   window_size: tuple[int, int], bottom_right: bool, deterministic: bool) -> tuple:
-    """A plain backward call's key in _ONE_PASS: its tensors' launch key, its arguments and what dispatch reads."""
+    """A plain backward call's key in _ONE_PASS: its tensors' launch key, its arguments and the backend dispatch reads
+    (its config table is checked by identity)."""
     return launch_key((dout, q, k, v, out, lse), softmax_scale, window_size, bottom_right, deterministic,
-                      configs.BWD_BACKEND, id(configs.BWD_HOPPER))
+                      configs.BWD_BACKEND)
 
 
 def _one_pass_again(found: tuple, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

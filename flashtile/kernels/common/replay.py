@@ -87,8 +87,8 @@ class Replays:
 class Kept:
     """What a plain call's first launch found (its replays, the config they run), kept by the call's key, so that a
     later call of that key launches it without dispatch, checks and launch keys: ops' forward and backward. A hit
-    needs launches replayed and the config tables the first call read still in place (``table``: one, or a tuple of
-    them, compared by identity); ``maxsize`` keys, then it starts over."""
+    needs launches replayed and the config tables the first call read still in place (``tables``, a tuple of them,
+    compared by identity: a table swapped in is another); ``maxsize`` keys, then it starts over."""
 
     def __init__(self, maxsize=256):
         self.items, self.maxsize = {}, maxsize
@@ -96,22 +96,17 @@ class Kept:
     def __len__(self):
         return len(self.items)
 
-    def get(self, key, table):
+    def get(self, key, tables):
         item = self.items.get(key)
-        return item[0] if item is not None and (item[1] is table or _same(item[1], table)) and can_replay() else None
+        return item[0] if item is not None and all(map(is_, item[1], tables)) and can_replay() else None
 
-    def put(self, key, value, table):
+    def put(self, key, value, tables):
         if len(self.items) >= self.maxsize:
             self.items.clear()
-        self.items[key] = (value, table)
+        self.items[key] = (value, tables)
 
     def clear(self):
         self.items.clear()
-
-
-def _same(kept, tables):
-    """Whether two tuples of config tables hold the same tables (identity: a table swapped in is another)."""
-    return type(tables) is tuple and type(kept) is tuple and len(kept) == len(tables) and all(map(is_, kept, tables))
 
 
 class Replay:

@@ -495,7 +495,6 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
     portable_bwd.launch_preprocess's."""
     tensors = (q, k, v, dout, dk, dv, lse, delta)
     cu_seqlens = () if packed is None else tuple(packed[:2])
-    key_tensors = tensors + (dq_acc, ) + cu_seqlens
     if config.split_gradients:
         kernel, make = bwd_split.flash_bwd_dkdv_split_kernel, bwd_split.launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta"]
@@ -507,7 +506,8 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
     if replay is not None:
         replay.launch(q.device, tensors)
         return
-    key = launch_key(key_tensors, softmax_scale, causal, bottom_right, config, None if packed is None else packed[2:])
+    key = launch_key((q, k, v, dout, dk, dv, lse, delta, dq_acc) + cu_seqlens, softmax_scale, causal, bottom_right,
+                     config, None if packed is None else packed[2:])
 
     def first():
         grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
