@@ -6,13 +6,13 @@ the Python functions that take the host time of that training step. Run on the G
 import cProfile
 import pstats
 import sys
-import time
 
 import torch
 import triton
 
 import flashtile
 from flashtile import checks, dispatch, ops
+from flashtile.bench.__main__ import host_ms
 from flashtile.kernels.portable.decode import launch_decode, partial_elements
 
 
@@ -22,18 +22,10 @@ def _empty_kernel(X):
 
 
 def per_call_us(fn, calls=2000):
-    """Mean host µs of ``fn`` over ``calls`` calls after 50 unmeasured ones, no synchronization in between (on a
-    machine without a GPU, the Python alone)."""
+    """Mean host µs of ``fn`` over ``calls`` calls after 50 unmeasured ones, no synchronization in between (the
+    bench's host_ms; on a machine without a GPU, the Python alone)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
-    for _ in range(50):
-        fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls
-    sync()
-    return host * 1e6
+    return host_ms(fn, sync, calls, warmup=50) * 1e3
 
 
 def main():

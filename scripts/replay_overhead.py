@@ -4,24 +4,20 @@ any machine (the descriptors take Triton's unencoded path here, so the GPU's per
 
     python scripts/replay_overhead.py
 """
-import time
 
 import torch
 from triton.backends.nvidia import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from flashtile.bench.__main__ import host_ms
 from flashtile.kernels.common import replay
 
 INTS, CONSTEXPRS = 40, 14
 
 
 def per_call_us(fn, calls=50000):
-    for _ in range(1000):
-        fn()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+    """Host µs a call, the Python alone (the bench's host_ms, no synchronization)."""
+    return host_ms(fn, lambda: None, calls, warmup=1000) * 1e3
 
 
 def main():

@@ -71,10 +71,12 @@ def time_peer(make, causal, q, k, v, warmup, rep, backward=False):
         torch.cuda.empty_cache()
 
 
-def host_ms(step, sync, calls=20):
-    """Ms of host time per call of ``calls`` back-to-back calls (the GPU synchronized before, not in between): what
-    the host needs to issue one call. Where it nears the timed call's length, the GPU waits on the host."""
-    step()
+def host_ms(step, sync, calls=20, warmup=1):
+    """Ms of host time per call of ``calls`` back-to-back calls after ``warmup`` unmeasured ones (the GPU synchronized
+    before, not in between): what the host needs to issue one call. Where it nears the timed call's length, the GPU
+    waits on the host. (``sync`` a no-op: the Python alone.)"""
+    for _ in range(warmup):
+        step()
     sync()
     start = time.perf_counter()
     for _ in range(calls):
