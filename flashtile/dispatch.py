@@ -73,13 +73,13 @@ def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win
 
 def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
                         seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
-    """The sm90 forward's config for the call on any device: configs.FWD_BACKEND "auto", the config of the head dim's
-    chain for the call's query rows, where the kernel's ``supports`` takes the call; else None (``flashtile info`` says
-    what an sm90 GPU would run)."""
+    """The sm90 forward's config for the call on any device: configs.FWD_BACKEND "auto", the config of the padded head
+    dim's chain for the call's query rows (a head dim of 96 runs in tiles of 128), where the kernel's ``supports``
+    takes the call; else None (``flashtile info`` says what an sm90 GPU would run)."""
     if configs.FWD_BACKEND == "portable":
         return None
     rows = q.shape[1] if seqlen_q is None else seqlen_q
-    chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((q.shape[-1], is_causal(window_size))))
+    chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((head_dim_pad(q.shape[-1]), is_causal(window_size))))
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)
     if config is None:
         return None
@@ -109,7 +109,7 @@ def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout
     info`` says what an sm90 GPU would run)."""
     if configs.BWD_BACKEND == "portable" or not hopper("bwd").supports(q, k, v, dout, window_size):
         return None
-    config = configs.BWD_HOPPER[(q.shape[-1], is_causal(window_size))]
+    config = configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
     return None if packed and config.design(deterministic) != "one pass" else config
 
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from flashtile import __version__, cli
+from flashtile.kernels.common.tiles import head_dim_pad
 
 
 @pytest.mark.parametrize("argv", [["demo", "--seqln", "512"], ["demo", "--seqlen", "0"], ["viz", "--seqlen", "0"],
@@ -90,7 +91,8 @@ def test_info_prints_the_plans_of_a_call(capsys):
 
 @pytest.mark.parametrize("shape, kernel", [(["--causal"], "hopper"),
                                            (["--head-dim", "256", "--seqlen", "1024"], "hopper"),
-                                           (["--head-dim", "40"], "portable")], ids=["d128-causal", "d256", "d40"])
+                                           (["--head-dim", "96"], "hopper"), (["--head-dim", "36"], "portable")],
+                         ids=["d128-causal", "d256", "d96", "d36"])
 def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, capsys):
     """On any machine ``info`` names the sm90 forward's kernel for the call; for the Hopper kernel, the config its
     chain picks for the call's rows and the compile-time switches its launch derives (bf16: FROZEN_MAX)."""
@@ -101,7 +103,7 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
     if kernel == "hopper":
         causal, head_dim = "--causal" in shape, int(shape[1]) if shape[0] == "--head-dim" else 128
         seqlen = int(shape[3]) if len(shape) > 2 else 4096
-        chain = configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)])
+        chain = configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim_pad(head_dim), causal)])
         picked = next(c for c in chain if seqlen >= c.min_seqlen_q)
         assert f"block_m={picked.block_m}, block_n={picked.block_n}" in line and "below=" not in line
         assert f"FwdSwitches(CAUSAL={causal}," in line
@@ -111,8 +113,8 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
 
 @pytest.mark.parametrize("shape, files", [(["--causal"], "hopper/bwd.py"),
                                           (["--head-dim", "256", "--deterministic"], "hopper/bwd_split.py"),
-                                          (["--head-dim", "40"], None)],
-                         ids=["d128-causal", "d256-deterministic", "d40"])
+                                          (["--head-dim", "192"], "hopper/bwd_split.py"), (["--head-dim", "36"], None)],
+                         ids=["d128-causal", "d256-deterministic", "d192", "d36"])
 def test_info_says_which_sm90_backward_runs(shape, files, capsys):
     """On any machine ``info`` names the sm90 backward's kernel files for the call, in launch order, with the
     configs.BWD_HOPPER entry and the design that entry takes (deterministic=True: no atomics)."""
@@ -124,7 +126,7 @@ def test_info_says_which_sm90_backward_runs(shape, files, capsys):
         assert line.endswith("the backward runs kernels/portable/bwd.py")
         return
     head_dim = int(shape[1]) if shape[0] == "--head-dim" else 128
-    config = configs.BWD_HOPPER[(head_dim, "--causal" in shape)]
+    config = configs.BWD_HOPPER[(head_dim_pad(head_dim), "--causal" in shape)]
     assert files in line and line.endswith(f"with {config}")
     assert cli.BACKWARD_FILES[config.design("--deterministic" in shape)] in line
 

@@ -51,11 +51,21 @@ def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
     assert dispatch.backward(q, k, v, dout, (-1, -1), alibi_slopes=torch.ones(8)).kernel == "portable/bwd.py"
     one_key = tensors(1, 128)  # the sm90 backward takes every length
     assert dispatch.backward(*one_key, (-1, -1)).kernel == "hopper/bwd.py"
-    q96, k96, v96, dout96 = tensors(4096, 96)
-    assert dispatch.forward(q96, k96, v96, (-1, -1)).kernel == "portable/fwd.py"
-    assert dispatch.backward(q96, k96, v96, dout96, (-1, -1)).kernel == "portable/bwd.py"
+    d59 = tensors(4096, 59)  # rows of 118 bytes: no TMA view
+    assert dispatch.forward(*d59[:3], (-1, -1)).kernel == "portable/fwd.py"
+    assert dispatch.backward(*d59, (-1, -1)).kernel == "portable/bwd.py"
     fp32 = tensors(4096, 128, dtype=torch.float32)
     assert dispatch.forward(*fp32[:3], (-1, -1)) == dispatch.Plan("portable/fwd.py", configs.FWD_FP32[128])
+
+
+def test_a_padded_head_dim_takes_its_tiles_configs(sm90):
+    """D=96 and D=192 run the sm90 kernels in tiles of 128 and 256 columns, with those tiles' configs."""
+    for head_dim, tile in ((96, 128), (192, 256), (40, 64)):
+        q, k, v, dout = tensors(4096, head_dim)
+        for window, causal in (((-1, -1), False), ((-1, 0), True)):
+            assert dispatch.forward(q, k, v, window).config == configs.FWD_HOPPER[(tile, causal)]
+            plan = dispatch.backward(q, k, v, dout, window)
+            assert plan.kernel == "hopper/bwd.py" and plan.config == configs.BWD_HOPPER[(tile, causal)]
 
 
 def test_the_forward_takes_the_config_below_under_its_min_seqlen_q(sm90):
@@ -85,7 +95,8 @@ def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]  # (total, nheads, headdim): the one pass, not two kernels
     assert dispatch.hopper_backward_pick(*packed, (-1, -1), packed=True) is configs.BWD_HOPPER[(64, False)]
     assert dispatch.hopper_backward_pick(*packed, (-1, -1), packed=True, deterministic=True) is None
-    assert dispatch.hopper_backward_pick(*tensors(1024, 96), (-1, -1)) is None
+    assert dispatch.hopper_backward_pick(*tensors(1024, 96), (-1, -1)) is configs.BWD_HOPPER[(128, False)]
+    assert dispatch.hopper_backward_pick(*tensors(1024, 59), (-1, -1)) is None
     monkeypatch.setattr(configs, "BWD_BACKEND", "portable")
     assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1)) is None
 

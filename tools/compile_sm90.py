@@ -173,7 +173,7 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False):
 
     from flashtile.kernels.hopper import bwd as bwd_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
-    config = configs.BWD_HOPPER[(head_dim, causal)]
+    config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
     sequences = None
     if packed:  # two sequences of up to 1024 rows, (total, nheads, headdim), the LSE (nheads, total)
         q, k, lse = q.flatten(0, 1), k.flatten(0, 1), lse.transpose(0, 1).flatten(1)
@@ -193,7 +193,7 @@ def compile_hopper_split(causal, nheads_k=2, head_dim=256):
 
     from flashtile.kernels.hopper import bwd_split as bwd_split_hopper
     q, k, lse = _backward_inputs(head_dim, nheads_k)
-    config = configs.BWD_HOPPER[(head_dim, causal)]
+    config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
     grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
                                                       0.1, causal, True, config)
     row = _compile_gluon(bwd_split_hopper.flash_bwd_dkdv_split_kernel, args, kwargs)
@@ -204,7 +204,7 @@ def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False):
     """The Gluon dQ kernel (kernels/hopper/bwd_dq.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
     one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it."""
     from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
-    config = config or configs.BWD_HOPPER[(head_dim, causal)].dq_hopper
+    config = config or configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)].dq_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in)
     return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=head_dim,
@@ -254,6 +254,7 @@ def _compile_gluon(kernel, args, kwargs):
                 wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 wgmma_rs=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A operand from registers
                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
+                tma_3d=len(re.findall(r"cp\.async\.bulk\.tensor\.3d", ptx)),  # through 3-D (padded head dim) views
                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
                 local=int(spills.group(1)) if spills else -1,
                 tma_reduce=ptx.count("cp.reduce.async.bulk.tensor"), setmaxnreg=ptx.count("setmaxnreg"),

@@ -173,6 +173,28 @@ def test_hopper_split_backward_compiles_for_sm90(nheads_k):
         assert row["global_stores"]["all"] == row["global_stores"]["v4"] > 0, row  # dK, dV in 16-byte runs of a row
 
 
+@pytest.mark.parametrize("head_dim, tile", [(96, 128), (192, 256)])
+def test_a_padded_head_dim_compiles_as_its_tiles(head_dim, tile):
+    """D=96 and D=192 run the kernels of D=128 and D=256 (every forward config of the chain, the backward's dK/dV
+    kernel in its shipped design, the dQ kernel): the same products, shared memory and TMA copies, these through 3-D
+    views (common.tile_descriptor), and no more spills than the tiles' own head dim."""
+    fwd = "[compile_sm90.compile_hopper_fwd({d}, c, cfg) for c in (False, True) for cfg in " \
+          "configs.hopper_fwd_chain(configs.FWD_HOPPER[({t}, c)])]"
+    dkdv = "compile_hopper_split" if configs.BWD_HOPPER[(tile, False)].split_gradients else "compile_hopper_bwd"
+    extra = "" if dkdv == "compile_hopper_split" else "True, "
+    bwd = f"[compile_sm90.{dkdv}(c, {extra}head_dim={{d}}) for c in (False, True)]"
+    dq = "[compile_sm90.compile_hopper_dq(c, head_dim={d}) for c in (False, True)]"
+    for expr in (fwd, bwd, dq):
+        padded, own = (_compiled_rows(expr.format(d=d, t=tile)) for d in (head_dim, tile))
+        assert len(padded) == len(own) > 0
+        for got, want in zip(padded, own):
+            same = ("wgmma", "wgmma_rs", "shared", "tma_loads", "tma_stores", "tma_reduce", "setmaxnreg")
+            assert {k: got[k] for k in same} == {k: want[k] for k in same}, (got, want)
+            assert got["tma_3d"] > 0 and want["tma_3d"] == 0, (got, want)
+            assert got["local"] <= want["local"], (got, want)
+            assert not got["serialized"] and not got["mbarrier_reuse"], got
+
+
 def test_hopper_forward_192_rows_compiles_for_sm90():
     """The forward with three consumer warpgroups (192-row tiles), causal too (its warpgroups stop at their
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers

@@ -41,12 +41,13 @@ from triton.language.core import _aggregate as aggregate
 from ... import configs
 from ..common.online_softmax import LN2, LOG2E
 from ..common.replay import Replay, Replays, launch_key
-from ..common.tiles import cdiv
+from ..common.tiles import cdiv, next_pow2
 from ..portable import bwd as portable_bwd
 from . import bwd_dq, bwd_split
 from .bwd_dq import Switches, backward_descriptors
 from .common import (
     GLUON_VERSION_OK,
+    allocate_tiles,
     as_tensor,
     descriptor,
     register_operand_layout,
@@ -54,6 +55,8 @@ from .common import (
     same_rows,
     sequence_rows,
     store_rows,
+    tile_cols,
+    tma_load,
     view_layout,
     views,
     wgmma_layout,
@@ -69,14 +72,14 @@ class Smem:
     log2 units) and delta (ready once loaded, free once both warpgroups are done with them); with DQ_REDUCE, the dSᵀ
     tiles both warpgroups read for dQ (ready once both stored theirs, free once both read them) and each warpgroup's
     float32 dQ tile on its way to the copy engine."""
-    q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM]
+    q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM_PAD]
     do: gl.shared_memory_descriptor
     lse: gl.shared_memory_descriptor  # [STAGES, BLOCK_M]
     delta: gl.shared_memory_descriptor
-    k: gl.shared_memory_descriptor  # [2, BLOCK_N / 2, HEAD_DIM]
+    k: gl.shared_memory_descriptor  # [2, BLOCK_N / 2, HEAD_DIM_PAD]
     v: gl.shared_memory_descriptor
     ds: gl.shared_memory_descriptor  # [2 · buffers, BLOCK_N / 2, BLOCK_M]
-    dq: gl.shared_memory_descriptor  # [buffers, BLOCK_M / 64 · HEAD_DIM, 32]
+    dq: gl.shared_memory_descriptor  # [buffers, BLOCK_M / 64 · HEAD_DIM_PAD, 32]
     kv_bar: gl.shared_memory_descriptor
     q_ready: gl.shared_memory_descriptor
     do_ready: gl.shared_memory_descriptor
@@ -171,10 +174,8 @@ def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, s
     lse_row0 = q_row0 if sw.IS_VARLEN else 0  # packed LSE: (nheads, total rows)
     mbarrier.expect(smem.kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        tma.async_copy_global_to_shared(k_desc, [k_row + start_n + i * HALF_N, h_k * vw.k_col_h], smem.kv_bar,
-                                        smem.k.index(i))
-        tma.async_copy_global_to_shared(v_desc, [k_row + start_n + i * HALF_N, h_k * vw.k_col_h], smem.kv_bar,
-                                        smem.v.index(i))
+        tma_load(k_desc, k_row + start_n + i * HALF_N, h_k * vw.k_col_h, smem.kv_bar, smem.k.index(i))
+        tma_load(v_desc, k_row + start_n + i * HALF_N, h_k * vw.k_col_h, smem.kv_bar, smem.v.index(i))
     lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
     for t in range(group * (hi - lo)):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * group + t // (hi - lo)
@@ -182,11 +183,9 @@ def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, s
         stage = t % sw.STAGES
         mbarrier.wait(smem.q_free.index(stage), ((t // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, h * vw.q_col_h], smem.q_ready.index(stage),
-                                        smem.q.index(stage))
+        tma_load(q_desc, row, h * vw.q_col_h, smem.q_ready.index(stage), smem.q.index(stage))
         mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, h * vw.q_col_h], smem.do_ready.index(stage),
-                                        smem.do.index(stage))
+        tma_load(do_desc, row, h * vw.q_col_h, smem.do_ready.index(stage), smem.do.index(stage))
         # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
         offs_m = (lo + t % (hi - lo)) * sw.BLOCK_M + gl.arange(0, sw.BLOCK_M, layout=rows_layout)
         row_offset = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + lse_row0
@@ -213,8 +212,8 @@ def _dq_products(ds_smem, k_smem, ds_ready, t, half: gl.constexpr, dq_zero, DQ_C
 def _dq_row(sw, gr, b, h, m_tile, half: gl.constexpr):
     """Where the share of dQ of query head h's Q tile m_tile goes in dQacc (rows of 32 floats): this warpgroup's
     half."""
-    tile_row = b * gr.stride_dqb + h * gr.stride_dqh + m_tile * (sw.BLOCK_M * sw.HEAD_DIM // 32)
-    return tile_row + half * sw.HEAD_DIM  # (each half's 64 rows: HEAD_DIM / 2 columns, rows of 32 floats)
+    tile_row = b * gr.stride_dqb + h * gr.stride_dqh + m_tile * (sw.BLOCK_M * sw.HEAD_DIM_PAD // 32)
+    return tile_row + half * sw.HEAD_DIM_PAD  # (each half's 64 rows: HEAD_DIM_PAD / 2 columns, rows of 32 floats)
 
 
 @gluon.jit
@@ -241,8 +240,8 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
-    DQ_COLS: gl.constexpr = sw.HEAD_DIM // 2
+    acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM_PAD)
+    DQ_COLS: gl.constexpr = sw.HEAD_DIM_PAD // 2
     dq_layout: gl.constexpr = wgmma_layout(DQ_COLS)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
@@ -254,8 +253,8 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
     v_half = smem.v.index(half)
     offs_n = first_key + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))  # [HALF_N] keys
     s_zero = gl.zeros([HALF_N, sw.BLOCK_M], gl.float32, layout=s_layout)
-    dk = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([HALF_N, sw.HEAD_DIM], gl.float32, layout=acc_layout)
+    dk = gl.zeros([HALF_N, sw.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
+    dv = gl.zeros([HALF_N, sw.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     dq_zero = gl.zeros([sw.BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
     # the LSE read under the products where it is 16 registers a thread and ptxas keeps them (the one pass, 64 rows)
     LSE_EARLY: gl.constexpr = sw.DQ_REDUCE and sw.BLOCK_M == 64
@@ -263,7 +262,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
     lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
-    TILE_ROWS: gl.constexpr = sw.BLOCK_M * sw.HEAD_DIM // 32  # a Q tile's dQ share in dQacc, rows of 32 floats
+    TILE_ROWS: gl.constexpr = sw.BLOCK_M * sw.HEAD_DIM_PAD // 32  # a Q tile's dQ share in dQacc, rows of 32 floats
     m_tile = hi * 0 + lo - 1  # the step's Q tile, counted on in the loader's order (no division by hi - lo)
     dq_row = _dq_row(sw, gr, b, h_k * group, lo, half)  # the previous step's share's row (step 0's at first)
     for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order
@@ -322,11 +321,11 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
             _dq_reduce(dq, smem.dq, dQacc, dq_row, half)
         tma.store_wait(0)
     k_base = k_row0 if sw.IS_VARLEN else 0  # packed dK, dV: rows of every sequence (their batch strides are 0)
-    store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)  # 16-byte runs of a row per store
+    store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM_PAD)  # 16-byte runs of a row per store
     store_rows(dv, gr.dV, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh,
-               store_layout)
+               store_layout, sw.HEAD_DIM)
     store_rows(dk * (qk_scale * LN2), gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
-               gr.stride_dkn, gr.stride_dkh, store_layout)
+               gr.stride_dkn, gr.stride_dkh, store_layout, sw.HEAD_DIM)
 
 
 @gluon.jit
@@ -340,17 +339,18 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     """Grid (K/V tiles of BLOCK_N keys of the longest sequence, KV heads, batch (or sequences)). Packed
     (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k unused; ``diag`` 1 for
     bottom-right causal, else 0 (see _sequence)."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
+    q_smem = allocate_tiles(q_desc, STAGES)
+    do_smem = allocate_tiles(do_desc, STAGES)
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    k_smem = allocate_tiles(k_desc, 2)
+    v_smem = allocate_tiles(v_desc, 2)
     BUFS: gl.constexpr = 2 if DQ_REDUCE else 1
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BUFS, BLOCK_N // 2, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], q_desc.dtype))
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, BLOCK_M // 64 * HEAD_DIM, 32], DQ_TILE_LAYOUT)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, BLOCK_M // 64 * HEAD_DIM_PAD, 32], DQ_TILE_LAYOUT)
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -366,7 +366,7 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
         for i in gl.static_range(2):
             mbarrier.init(ds_ready.index(i), count=2)
             mbarrier.init(ds_free.index(i), count=2)
-    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE, IS_VARLEN=IS_VARLEN)
+    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE, IS_VARLEN=IS_VARLEN)
     smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                 q_free, ds_ready, ds_free)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
@@ -382,10 +382,11 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 
 
 def supports(q, k, v, dout, window_size):
-    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only): a head dim with a
-    configs.BWD_HOPPER entry, bf16/fp16, full or causal, views a descriptor can read (dO addressed like Q: the loader
-    reads both at the same coordinates)."""
-    if not (GLUON_VERSION_OK and q.dim() in (3, 4) and (q.shape[-1], window_size[1] == 0) in configs.BWD_HOPPER
+    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only): a head dim of 16-byte
+    rows whose tiles (common.tile_cols) have a configs.BWD_HOPPER entry, bf16/fp16, full or causal, views a descriptor
+    can read (dO addressed like Q: the loader reads both at the same coordinates)."""
+    if not (GLUON_VERSION_OK and q.dim() in (3, 4) and q.shape[-1] % 8 == 0
+            and (next_pow2(q.shape[-1]), window_size[1] == 0) in configs.BWD_HOPPER
             and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0 and window_size[1] in (-1, 0)
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
         return False
@@ -397,13 +398,13 @@ def supports(q, k, v, dout, window_size):
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
                 dq_acc=None, packed=None):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
-    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the head dim and causal flag); ``dq_acc``
-    (float32, zeroed, (batch, nheads, Q tiles · block_m, headdim): dq_acc_shape) takes dS·K by atomics, or None (dQ by
-    another kernel). ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads,
-    headdim) tensors (with dq_acc), or None."""
-    config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
+    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim and causal flag);
+    ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
+    or None."""
+    config = config or configs.BWD_HOPPER[(next_pow2(q.shape[-1]), causal)]
     block_m, block_n = config.block_m, config.block_n
-    nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
     descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(
         q, k, v, dout, block_m, block_n // 2, packed is not None)
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
@@ -412,16 +413,16 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
-    if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is head_dim of them, in dq_tile_order
-        dq_arg = descriptor(dq_acc.view(-1, 32), [head_dim, 32], DQ_TILE_LAYOUT.value)
+    if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is cols of them, in dq_tile_order
+        dq_arg = descriptor(dq_acc.view(-1, 32), [cols, 32], DQ_TILE_LAYOUT.value)
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     lse_strides = (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
     args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, nheads // nheads_k,
             softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
-                  DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None, REGS=config.consumer_regs, num_warps=4,
-                  maxnreg=168)
+    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
+                  STAGES=config.num_stages, CAUSAL=causal, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
 
@@ -437,11 +438,12 @@ def dq_tile_order(tile):
 
 def dq_acc_shape(q, config, packed=None):
     """The float32 dQ the single-pass kernel adds into, (batch, nheads, Q tiles, 2 halves of the columns,
-    64 · D / 2) in dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, head dim); ``packed``
-    (launch_args'): a batch entry per sequence, rows for the longest."""
+    64 · D / 2) in dq_tile_order, flattened as (batch, nheads, rows rounded up to whole Q tiles, D), D the tiles'
+    head dim (common.tile_cols); ``packed`` (launch_args'): a batch entry per sequence, rows for the longest."""
+    cols = next_pow2(q.shape[-1])
     if packed is None:
-        return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, q.shape[3])
-    return (packed[0].numel() - 1, q.shape[1], cdiv(packed[2], config.block_m) * config.block_m, q.shape[2])
+        return (q.shape[0], q.shape[2], cdiv(q.shape[1], config.block_m) * config.block_m, cols)
+    return (packed[0].numel() - 1, q.shape[1], cdiv(packed[2], config.block_m) * config.block_m, cols)
 
 
 def _strides(t):
@@ -465,7 +467,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
     same launch keys hands back as ``replays`` to launch them without their lookups.
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
-    config = config or configs.BWD_HOPPER[(q.shape[-1], causal)]
+    config = config or configs.BWD_HOPPER[(next_pow2(q.shape[-1]), causal)]
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])

@@ -14,20 +14,23 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
 from .common import (
+    allocate_tiles,
     as_tensor,
-    descriptor,
+    head_coord,
     register_operand_layout,
     row_run_layout,
-    smem_layout,
     store_rows,
-    view,
+    tile_cols,
+    tile_descriptor,
+    tile_mask,
+    tma_load,
     view_layout,
     views,
     wgmma_layout,
@@ -39,6 +42,7 @@ class Switches:
     """What a backward launch fixes at compile time: the tiles (configs.HopperDqConfig, HopperBwdConfig), the mask;
     for the dQ kernel whether delta comes given (DELTA_IN) or is computed here, for the dK/dV kernel
     (kernels/hopper/bwd.py) whether it also adds dQ (DQ_REDUCE)."""
+    HEAD_DIM_PAD: gl.constexpr  # the tiles' columns: HEAD_DIM, the tensors' head dim, rounded up to a power of two
     HEAD_DIM: gl.constexpr
     BLOCK_M: gl.constexpr  # Q rows: per program (dQ, half to each consumer warpgroup), per step (dK/dV)
     BLOCK_N: gl.constexpr  # keys: per K/V tile (dQ), per program (dK/dV, half to each consumer warpgroup)
@@ -49,8 +53,10 @@ class Switches:
     IS_VARLEN: gl.constexpr  # packed sequences (cu_seqlens): the dK/dV kernel's one pass
 
     @triton.constexpr_function
-    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN=False, DQ_REDUCE=False, IS_VARLEN=False):
-        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = gl.constexpr(HEAD_DIM), gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
+    def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN=False, DQ_REDUCE=False,
+                 IS_VARLEN=False):
+        self.HEAD_DIM_PAD, self.HEAD_DIM = gl.constexpr(HEAD_DIM_PAD), gl.constexpr(HEAD_DIM)
+        self.BLOCK_M, self.BLOCK_N = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
         self.STAGES, self.CAUSAL = gl.constexpr(STAGES), gl.constexpr(CAUSAL)
         self.DELTA_IN, self.DQ_REDUCE = gl.constexpr(DELTA_IN), gl.constexpr(DQ_REDUCE)
         self.IS_VARLEN = gl.constexpr(IS_VARLEN)
@@ -60,9 +66,9 @@ class Switches:
 class Smem:
     """The program's shared memory: each warpgroup's Q and dO rows (loaded once: q_bar), the ring of K/V tiles (ready
     once loaded, free once both warpgroups are done with them)."""
-    q: gl.shared_memory_descriptor  # [2, BLOCK_M / 2, HEAD_DIM]
+    q: gl.shared_memory_descriptor  # [2, BLOCK_M / 2, HEAD_DIM_PAD]
     do: gl.shared_memory_descriptor
-    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
+    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM_PAD]
     v: gl.shared_memory_descriptor
     q_bar: gl.shared_memory_descriptor
     k_ready: gl.shared_memory_descriptor
@@ -131,31 +137,27 @@ def _load_partition(sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group
                                                                  sw.CAUSAL)
     for i in gl.static_range(2):
         mbarrier.expect(smem.q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * HALF_M, h * vw.q_col_h], smem.q_bar.index(i),
-                                        smem.q.index(i))
-        tma.async_copy_global_to_shared(do_desc, [q_row + start_m + i * HALF_M, h * vw.q_col_h], smem.q_bar.index(i),
-                                        smem.do.index(i))
+        tma_load(q_desc, q_row + start_m + i * HALF_M, h * vw.q_col_h, smem.q_bar.index(i), smem.q.index(i))
+        tma_load(do_desc, q_row + start_m + i * HALF_M, h * vw.q_col_h, smem.q_bar.index(i), smem.do.index(i))
     for j in range(n_tiles):
         stage = j % sw.STAGES
         mbarrier.wait(smem.kv_free.index(stage), ((j // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * sw.BLOCK_N, h_k * vw.k_col_h], smem.k_ready.index(stage),
-                                        smem.k.index(stage))
+        tma_load(k_desc, k_row + j * sw.BLOCK_N, h_k * vw.k_col_h, smem.k_ready.index(stage), smem.k.index(stage))
         mbarrier.expect(smem.v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * sw.BLOCK_N, h_k * vw.k_col_h], smem.v_ready.index(stage),
-                                        smem.v.index(stage))
+        tma_load(v_desc, k_row + j * sw.BLOCK_N, h_k * vw.k_col_h, smem.v_ready.index(stage), smem.v.index(stage))
 
 
 @gluon.jit
 def _row_delta(O, do_tile, o_offset, stride_on, rows_start, seqlen_q, HALF_M: gl.constexpr,
-               HEAD_DIM: gl.constexpr, row_layout: gl.constexpr):
+               HEAD_DIM_PAD: gl.constexpr, HEAD_DIM: gl.constexpr, row_layout: gl.constexpr):
     """delta = rowsum(dO ∘ O) of HALF_M rows, O from global memory, dO from its shared-memory tile."""
     blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, blocked))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked))
+    cols = gl.arange(0, HEAD_DIM_PAD, layout=gl.SliceLayout(0, blocked))
     o = gl.load(O + o_offset + rows.to(gl.int64)[:, None] * stride_on + cols[None, :],
-                mask=(rows < seqlen_q)[:, None], other=0.0)  # [HALF_M, HEAD_DIM]
-    do = do_tile.load(blocked)  # [HALF_M, HEAD_DIM]
+                mask=tile_mask(rows < seqlen_q, cols, HEAD_DIM), other=0.0)  # [HALF_M, HEAD_DIM_PAD]
+    do = do_tile.load(blocked)  # [HALF_M, HEAD_DIM_PAD]
     return gl.convert_layout(gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1), row_layout)
 
 
@@ -165,7 +167,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
     tile they may see."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_N)
-    acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
+    acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM_PAD)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
     start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(nheads, group, vw, diag, sw.BLOCK_M, sw.BLOCK_N,
@@ -182,10 +184,11 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
         delta = gl.load(ops.Delta + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=0.0)
     else:
         delta = _row_delta(ops.O, do_half, b.to(gl.int64) * ops.stride_ob + h.to(gl.int64) * ops.stride_oh,
-                           ops.stride_on, rows_start, vw.seqlen_q, HALF_M, sw.HEAD_DIM, gl.SliceLayout(1, s_layout))
+                           ops.stride_on, rows_start, vw.seqlen_q, HALF_M, sw.HEAD_DIM_PAD, sw.HEAD_DIM,
+                           gl.SliceLayout(1, s_layout))
         gl.store(ops.Delta + row_offset + offs_m, delta, mask=offs_m < vw.seqlen_q)
     s_zero = gl.zeros([HALF_M, sw.BLOCK_N], gl.float32, layout=s_layout)
-    dq = gl.zeros([HALF_M, sw.HEAD_DIM], gl.float32, layout=acc_layout)
+    dq = gl.zeros([HALF_M, sw.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     for j in range(n_tiles):
         stage = j % sw.STAGES
         phase = (j // sw.STAGES) & 1
@@ -209,7 +212,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
         mbarrier.arrive(smem.kv_free.index(stage))
 
     store_rows(dq * ops.softmax_scale, ops.dQ, b, h, rows_start, vw.seqlen_q, ops.stride_dqb, ops.stride_dqn,
-               ops.stride_dqh, row_run_layout(sw.HEAD_DIM))
+               ops.stride_dqh, row_run_layout(sw.HEAD_DIM_PAD), sw.HEAD_DIM)
 
 
 @gluon.jit
@@ -220,10 +223,11 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
                                STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN: gl.constexpr,
                                REGS: gl.constexpr):
     """Grid (Q tiles of BLOCK_M rows, batch · nheads)."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
+    q_smem = allocate_tiles(q_desc, 2)
+    do_smem = allocate_tiles(do_desc, 2)
+    k_smem = allocate_tiles(k_desc, STAGES)
+    v_smem = allocate_tiles(v_desc, STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -234,7 +238,7 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_free.index(i), count=2)
-    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)
+    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)
     smem = Smem(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
     ops = Operands(O, dQ, LSE, Delta, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh),
@@ -257,16 +261,14 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
 
 def backward_descriptors(q, k, v, dout, q_block, k_block, varlen=False):
     """What every sm90 backward launch reads through TMA (calls bwd_hopper.supports accepts): descriptors of Q, K, V
-    and dO over their 2-D views in boxes of ``q_block`` rows (Q, dO) and ``k_block`` rows (K, V), and the views' row
-    arithmetic, (rows per batch, rows per head, column of a head) for Q (dO is addressed like it) and for K;
-    ``varlen``: packed (total, nheads, headdim) tensors."""
-    q_layout, *q_rows = view_layout(q, varlen)
-    k_layout, *k_rows = view_layout(k, varlen)
+    and dO over their views (common.tile_descriptor) in boxes of ``q_block`` rows (Q, dO) and ``k_block`` rows (K, V),
+    and the views' row arithmetic, (rows per batch, rows per head, column of a head: common.head_coord) for Q (dO is
+    addressed like it) and for K; ``varlen``: packed (total, nheads, headdim) tensors."""
+    q_layout, k_layout = view_layout(q, varlen), view_layout(k, varlen)
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    views = ((view(q, q_layout), q_block), (view(k, k_layout), k_block),
-             (view(v, view_layout(v, varlen)[0]), k_block), (view(dout, view_layout(dout, varlen)[0]), q_block))
-    descs = tuple(descriptor(t, [block, q.shape[-1]], smem_layout(block, q.shape[-1], dtype)) for t, block in views)
-    return descs, tuple(q_rows), tuple(k_rows)
+    descs = tuple(tile_descriptor(t, view_layout(t, varlen), block, dtype)
+                  for t, block in ((q, q_block), (k, k_block), (v, k_block), (dout, q_block)))
+    return descs, head_coord(q_layout, q.shape[-1]), head_coord(k_layout, q.shape[-1])
 
 
 def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False):
@@ -282,8 +284,9 @@ def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, botto
             out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
             lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
             softmax_scale * LOG2E.value, softmax_scale)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
-                  DELTA_IN=delta_in, REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                  STAGES=config.num_stages, CAUSAL=causal, DELTA_IN=delta_in, REGS=config.consumer_regs, num_warps=4,
+                  maxnreg=168)
     return grid, args, kwargs
 
 

@@ -16,22 +16,33 @@ sequence belong to its neighbour, so keys past it are masked and query rows past
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LOG2E
 from ..common.tiles import cdiv
 from .bwd_dq import backward_descriptors
-from .common import Views, as_tensor, register_operand_layout, row_run_layout, store_rows, views, wgmma_layout
+from .common import (
+    Views,
+    allocate_tiles,
+    as_tensor,
+    register_operand_layout,
+    row_run_layout,
+    store_rows,
+    tile_cols,
+    tma_load,
+    views,
+    wgmma_layout,
+)
 
 
 @aggregate
 class Smem:
     """The program's shared memory: K and V of its keys; a ring of Q and dO tiles (ready once loaded, free once both
     warpgroups are done with them); two Pᵀ tiles passed from the dV warpgroup to the dK warpgroup."""
-    k: gl.shared_memory_descriptor  # [BLOCK_N, HEAD_DIM]
+    k: gl.shared_memory_descriptor  # [BLOCK_N, HEAD_DIM_PAD]
     v: gl.shared_memory_descriptor
-    q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM]
+    q: gl.shared_memory_descriptor  # [STAGES, BLOCK_M, HEAD_DIM_PAD]
     do: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor  # [2, BLOCK_N, BLOCK_M]
     kv_bar: gl.shared_memory_descriptor
@@ -61,6 +72,7 @@ class Problem:
     Delta: gl.tensor
     stride_lb: gl.tensor
     stride_lh: gl.tensor
+    HEAD_DIM_PAD: gl.constexpr  # the tiles' columns: HEAD_DIM, the tensors' head dim, rounded up to a power of two
     HEAD_DIM: gl.constexpr
     BLOCK_M: gl.constexpr  # Q rows per step
     BLOCK_N: gl.constexpr  # keys per program
@@ -68,10 +80,11 @@ class Problem:
     CAUSAL: gl.constexpr
 
     @constexpr_function
-    def __init__(self, nheads_k, group, views, diag, qk_scale, LSE, Delta, stride_lb, stride_lh, HEAD_DIM, BLOCK_M,
-                 BLOCK_N, STAGES, CAUSAL):
+    def __init__(self, nheads_k, group, views, diag, qk_scale, LSE, Delta, stride_lb, stride_lh, HEAD_DIM_PAD, HEAD_DIM,
+                 BLOCK_M, BLOCK_N, STAGES, CAUSAL):
         self.nheads_k, self.group, self.views, self.diag, self.qk_scale = nheads_k, group, views, diag, qk_scale
         self.LSE, self.Delta, self.stride_lb, self.stride_lh = LSE, Delta, stride_lb, stride_lh
+        self.HEAD_DIM_PAD = gl.constexpr(HEAD_DIM_PAD)
         self.HEAD_DIM = gl.constexpr(HEAD_DIM)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
@@ -105,8 +118,8 @@ def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
     start_n, b, h_k = pb.program()
     k_row = b * pb.views.k_rows_b + h_k * pb.views.k_rows_h + start_n
     mbarrier.expect(smem.kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [k_row, h_k * pb.views.k_col_h], smem.kv_bar, smem.k)
-    tma.async_copy_global_to_shared(v_desc, [k_row, h_k * pb.views.k_col_h], smem.kv_bar, smem.v)
+    tma_load(k_desc, k_row, h_k * pb.views.k_col_h, smem.kv_bar, smem.k)
+    tma_load(v_desc, k_row, h_k * pb.views.k_col_h, smem.kv_bar, smem.v)
     lo, n_m = pb.steps(start_n)
     for t in range(pb.group * n_m):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * pb.group + t // n_m
@@ -114,23 +127,21 @@ def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
         stage = t % pb.STAGES
         mbarrier.wait(smem.q_free.index(stage), ((t // pb.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, h * pb.views.q_col_h], smem.q_ready.index(stage),
-                                        smem.q.index(stage))
+        tma_load(q_desc, row, h * pb.views.q_col_h, smem.q_ready.index(stage), smem.q.index(stage))
         mbarrier.expect(smem.do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, h * pb.views.q_col_h], smem.do_ready.index(stage),
-                                        smem.do.index(stage))
+        tma_load(do_desc, row, h * pb.views.q_col_h, smem.do_ready.index(stage), smem.do.index(stage))
 
 
 @gluon.jit
 def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
     """One warpgroup: Pᵀ of every step, for the dK warpgroup too, and dV += Pᵀ dO."""
     s_layout: gl.constexpr = wgmma_layout(pb.BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM)
+    acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM_PAD)
     start_n, b, h_k = pb.program()
     last_key = start_n + pb.BLOCK_N - 1
     offs_n = start_n + gl.arange(0, pb.BLOCK_N, layout=gl.SliceLayout(1, s_layout))  # [BLOCK_N] keys
     s_zero = gl.zeros([pb.BLOCK_N, pb.BLOCK_M], gl.float32, layout=s_layout)
-    dv = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     mbarrier.wait(smem.kv_bar, 0)
     lo, n_m = pb.steps(start_n)
     for t in range(pb.group * n_m):  # (query head, Q tile), in the loader's order
@@ -160,17 +171,18 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
                            is_async=True)
         dv = warpgroup_mma_wait(0, deps=(dv, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dv, dV, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h, row_run_layout(pb.HEAD_DIM))
+    store_rows(dv, dV, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h,
+               row_run_layout(pb.HEAD_DIM_PAD), pb.HEAD_DIM)
 
 
 @gluon.jit
 def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, softmax_scale):
     """One warpgroup: dPᵀ = V dOᵀ, dSᵀ from the dV warpgroup's Pᵀ, and dK += dSᵀ Q."""
     s_layout: gl.constexpr = wgmma_layout(pb.BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM)
+    acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM_PAD)
     start_n, b, h_k = pb.program()
     s_zero = gl.zeros([pb.BLOCK_N, pb.BLOCK_M], gl.float32, layout=s_layout)
-    dk = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM], gl.float32, layout=acc_layout)
+    dk = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     mbarrier.wait(smem.kv_bar, 0)
     lo, n_m = pb.steps(start_n)
     for t in range(pb.group * n_m):
@@ -192,7 +204,7 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
         dk = warpgroup_mma_wait(0, deps=(dk, ))
         mbarrier.arrive(smem.q_free.index(stage))
     store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h,
-               row_run_layout(pb.HEAD_DIM))
+               row_run_layout(pb.HEAD_DIM_PAD), pb.HEAD_DIM)
 
 
 @gluon.jit
@@ -203,12 +215,11 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
                                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                 REGS: gl.constexpr):
     """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
+    HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     dtype: gl.constexpr = q_desc.dtype
     bar: gl.constexpr = mbarrier.MBarrierLayout()
-    smem = Smem(gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout),
-                gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout),
-                gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout),
-                gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout),
+    smem = Smem(allocate_tiles(k_desc, None), allocate_tiles(v_desc, None), allocate_tiles(q_desc, STAGES),
+                allocate_tiles(do_desc, STAGES),
                 gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)),
                 gl.allocate_shared_memory(gl.int64, [1], bar), gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar),
@@ -225,8 +236,8 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
         mbarrier.init(smem.p_free.index(i), count=1)
     pb = Problem(as_tensor(nheads_k), as_tensor(group),
                  views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k), as_tensor(diag),
-                 qk_scale, LSE, Delta, as_tensor(stride_lb), as_tensor(stride_lh), HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                 CAUSAL)
+                 qk_scale, LSE, Delta, as_tensor(stride_lb), as_tensor(stride_lh), HEAD_DIM_PAD, HEAD_DIM, BLOCK_M,
+                 BLOCK_N, STAGES, CAUSAL)
     gl.warp_specialize([
         (_dv_partition, (pb, smem, dV, stride_dvb, stride_dvn, stride_dvh)),
         (_dk_partition, (pb, smem, dK, stride_dkb, stride_dkn, stride_dkh, softmax_scale)),
@@ -246,6 +257,6 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
             dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
             softmax_scale * LOG2E.value, softmax_scale)
-    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, CAUSAL=causal,
-                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
+                  STAGES=config.num_stages, CAUSAL=causal, REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs

@@ -1,18 +1,26 @@
 """What the sm90 Gluon kernels share: the register layouts of wgmma results and register operands, the 2-D
 (rows, row stride) views that every tensor is read through (and Views, the bundle that tells a partition where a
-head's rows sit), and TMA descriptors over them.
+head's rows sit), and TMA descriptors over them with the copies that read and write tiles through them.
 
 A head's rows of one sequence are ``row_base + n`` of a view at column ``col``: view_layout finds the view of a
 token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim) tensor, or of packed
 (total, nheads, headdim) sequences, and says how rows and columns move per batch and per head.
+
+A head dim that is not a power of two (96, 192, 40, ...) runs in tiles of the next one (HEAD_DIM_PAD; the tensors'
+own is HEAD_DIM): its descriptor reads a 3-D (rows, heads, head dim) view, whose columns past the head dim the TMA
+unit fills with zeros on loads and leaves alone on stores; there a view's ``col`` counts heads, not columns.
 """
 import functools
 
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
+
+from ..common.tiles import next_pow2
 
 # Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): these kernels are
 # written, tested and measured against triton 3.6; other versions use the portable kernel.
@@ -91,16 +99,63 @@ def as_tensor(x):
 
 
 @gluon.jit
-def store_rows(acc, Out, b, h, start, seqlen, stride_b, stride_n, stride_h, layout: gl.constexpr):
-    """A [rows, HEAD_DIM] tile of a backward's dK, dV or dQ into rows start.. of Out (batch b, head h) in Out's dtype,
-    stored from ``layout`` (the tile is converted to it first, after the cast: row_run_layout for 16-byte runs of a
-    row, or the tile's own), rows past seqlen left alone (32-bit offsets from a 64-bit base: a tile of 64-bit pointers
-    would take a register each)."""
+def store_rows(acc, Out, b, h, start, seqlen, stride_b, stride_n, stride_h, layout: gl.constexpr,
+               HEAD_DIM: gl.constexpr):
+    """A [rows, HEAD_DIM_PAD] tile of a backward's dK, dV or dQ into rows start.. of Out (batch b, head h) in Out's
+    dtype, stored from ``layout`` (the tile is converted to it first, after the cast: row_run_layout for 16-byte runs
+    of a row, or the tile's own), rows past seqlen and columns past HEAD_DIM left alone (32-bit offsets from a 64-bit
+    base: a tile of 64-bit pointers would take a register each)."""
     acc = gl.convert_layout(acc.to(Out.dtype.element_ty), layout)
     rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     base = Out + b.to(gl.int64) * stride_b + h.to(gl.int64) * stride_h + start.to(gl.int64) * stride_n
-    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc, mask=(start + rows < seqlen)[:, None])
+    gl.store(base + rows[:, None] * stride_n + cols[None, :], acc, mask=tile_mask(start + rows < seqlen, cols,
+                                                                                  HEAD_DIM))
+
+
+@gluon.jit
+def tile_mask(rows_ok, cols, HEAD_DIM: gl.constexpr):
+    """The mask of a tile's stores and pointer loads: the rows ``rows_ok`` keeps ([rows, 1]), and where the tile is
+    wider than the head (HEAD_DIM < HEAD_DIM_PAD) only its columns < HEAD_DIM ([rows, HEAD_DIM_PAD])."""
+    mask = rows_ok[:, None]
+    if HEAD_DIM < cols.shape[0]:
+        mask = mask & (cols < HEAD_DIM)[None, :]
+    return mask
+
+
+@builtin
+def tma_load(desc, row, col, bar, smem, _semantic=None):
+    """TMA copy of the tile at (``row``, ``col``) of ``desc``'s view into ``smem`` (a [rows, HEAD_DIM_PAD] tile),
+    completing on ``bar``; through a 3-D view (tile_descriptor) ``col`` is the head."""
+    smem, coord = _tile_coord(desc, row, col, smem, _semantic)
+    tma.async_copy_global_to_shared(desc, coord, bar, smem, _semantic=_semantic)
+
+
+@builtin
+def tma_store(desc, row, col, smem, _semantic=None):
+    """tma_load's way back: the tile in ``smem`` to (``row``, ``col``) of ``desc``'s view (tma.store_wait completes
+    it)."""
+    smem, coord = _tile_coord(desc, row, col, smem, _semantic)
+    tma.async_copy_shared_to_global(desc, coord, smem, _semantic=_semantic)
+
+
+def _tile_coord(desc, row, col, smem, _semantic):
+    """The box's coordinates and ``smem`` seen as the box (a 3-D view's is [rows, 1, HEAD_DIM_PAD])."""
+    shape = desc.block_type.shape
+    if len(shape) == 2:
+        return smem, [row, col]
+    return smem._reinterpret(desc.dtype, shape, desc.layout, _semantic=_semantic), [row, col, 0]
+
+
+@builtin
+def allocate_tiles(desc, count, _semantic=None):
+    """Shared memory for ``count`` tiles of ``desc``'s box, [count, rows, HEAD_DIM_PAD] (None: one, [rows,
+    HEAD_DIM_PAD]), in the layout of a 2-D box of that shape (a 3-D view's box, [rows, 1, HEAD_DIM_PAD], is laid out
+    alike)."""
+    shape = [desc.block_type.shape[0], desc.block_type.shape[-1]]
+    count = gl._unwrap_if_constexpr(count)
+    return gl.allocate_shared_memory(desc.dtype, list(shape) if count is None else [count] + list(shape),
+                                     smem_layout(shape[0], shape[1], desc.dtype), _semantic=_semantic)
 
 
 def view_layout(t, varlen):
@@ -140,6 +195,29 @@ def view(t, shape):
     """The 2-D (rows, width) view of ``t``, rows ``row stride`` apart, that view_layout found."""
     rows, width, row_stride = shape
     return t.as_strided((rows, width), (row_stride, 1))
+
+
+def tile_descriptor(t, layout, block, dtype):
+    """A TMA descriptor over ``t``'s view ``layout`` (view_layout's), in boxes of ``block`` rows and
+    tile_cols(head dim) columns: the 2-D view where the two widths agree, else a 3-D (rows, heads, head dim) view (one
+    head-major: (rows, 1, head dim)), whose box [block, 1, tile_cols] reads zeros past the head dim."""
+    (rows, width, row_stride), cols, head_dim = layout[0], next_pow2(t.shape[-1]), t.shape[-1]
+    if cols == head_dim:
+        return descriptor(view(t, layout[0]), [block, cols], smem_layout(block, cols, dtype))
+    view3 = t.as_strided((rows, width // head_dim if layout[3] else 1, head_dim), (row_stride, head_dim, 1))
+    return descriptor(view3, [block, 1, cols], gl.NVMMASharedLayout.get_default_for([block, 1, cols], dtype))
+
+
+# The columns of the kernels' tiles for a head dim (HEAD_DIM_PAD; the head's own is HEAD_DIM): its next power of two.
+# For the kernels; host code calls next_pow2 itself (a constexpr function's call costs over a microsecond).
+tile_cols = triton.constexpr_function(next_pow2)
+
+
+def head_coord(layout, head_dim):
+    """A view_layout's (rows per batch, rows per head, column per head) as the kernels' coordinates count them: a
+    head's columns in a 2-D view, the head itself (1, or 0 head-major) in tile_descriptor's 3-D view."""
+    _, rows_b, rows_h, col_h = layout
+    return rows_b, rows_h, col_h if next_pow2(head_dim) == head_dim else int(col_h > 0)
 
 
 def descriptor(t, block_shape, layout):

@@ -12,40 +12,42 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step
+from .common import tile_mask
 from .fwd_schedule import REDO_QUEUE, WG_M, counter_op, tile_at
 
 
 @gluon.jit
 def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, k_col, first, sq, sk, diag,
-               o_offset, lse_offset, stride_on, qk_scale, sink, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
-               MAY_BE_EMPTY: gl.constexpr, HAS_SINK: gl.constexpr):
+               o_offset, lse_offset, stride_on, qk_scale, sink, HEAD_DIM_PAD: gl.constexpr, HEAD_DIM: gl.constexpr,
+               CAUSAL: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, HAS_SINK: gl.constexpr):
     """O and LSE of query rows first .. first + 63 of one head: Q's at rows q_row + first .. of the Q view
     (q_width elements a row) from column q_col, the keys' at rows k_row .. of the K and V views from column
-    k_col; O at o_offset + row · stride_on, LSE at lse_offset + row. HAS_SINK: ``sink`` (log2 units) joins the
-    denominator."""
+    k_col (HEAD_DIM columns each, in tiles of HEAD_DIM_PAD); O at o_offset + row · stride_on, LSE at lse_offset + row.
+    HAS_SINK: ``sink`` (log2 units) joins the denominator."""
     BLOCK_N: gl.constexpr = 16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [4, 1], [1, 0])  # 16 B a load
+    # 16 bytes a load
+    rows: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_DIM_PAD, HEAD_DIM_PAD // 8], [4, 1], [1, 0])
     dtype: gl.constexpr = Q.dtype.element_ty
 
     offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows))
+    cols = gl.arange(0, HEAD_DIM_PAD, layout=gl.SliceLayout(0, rows))
     rows_q = first + gl.arange(0, 64, layout=gl.SliceLayout(1, rows))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma))
     l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, mma))
-    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=mma)
+    acc = gl.zeros([64, HEAD_DIM_PAD], gl.float32, layout=mma)
     hi = sk
     if CAUSAL:
         hi = gl.minimum(hi, first + 64 + diag)
     for start in range(0, hi, BLOCK_N):  # (Q read again each tile: registers are few beside the consumer's state)
         q = gl.load(Q + (q_row + rows_q).to(gl.int64)[:, None] * q_width + q_col + cols[None, :],
-                    mask=(rows_q < sq)[:, None], other=0.0)  # [64, HEAD_DIM]
+                    mask=tile_mask(rows_q < sq, cols, HEAD_DIM), other=0.0)  # [64, HEAD_DIM_PAD]
         q = gl.convert_layout(q, a_op)
         keys = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
         k = gl.load(K + (k_row + keys).to(gl.int64)[:, None] * k_width + k_col + cols[None, :],
-                    mask=(keys < sk)[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+                    mask=tile_mask(keys < sk, cols, HEAD_DIM), other=0.0)  # [BLOCK_N, HEAD_DIM_PAD]
         s = mma_v2(q, gl.convert_layout(gl.permute(k, (1, 0)), b_op), gl.zeros([64, BLOCK_N], gl.float32, layout=mma))
         offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
         ok = offs_n[None, :] < sk
@@ -53,7 +55,7 @@ def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, 
             ok = ok & (offs_n[None, :] <= offs_m[:, None] + diag)
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, gl.where(ok, s, float("-inf")), qk_scale, MAY_BE_EMPTY)
         v = gl.load(V + (k_row + keys).to(gl.int64)[:, None] * v_width + k_col + cols[None, :],
-                    mask=(keys < sk)[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+                    mask=tile_mask(keys < sk, cols, HEAD_DIM), other=0.0)  # [BLOCK_N, HEAD_DIM_PAD]
         acc = mma_v2(gl.convert_layout(p.to(dtype), a_op), gl.convert_layout(v, b_op), acc * alpha[:, None])
 
     if HAS_SINK:
@@ -63,9 +65,9 @@ def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, 
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
     gl.store(LSE + lse_offset + offs_m, lse, mask=offs_m < sq)
     out = (acc * (1.0 / gl.where(empty, 1.0, l_i))[:, None]).to(dtype)
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+    cols = gl.arange(0, HEAD_DIM_PAD, layout=gl.SliceLayout(0, mma))
     gl.store(O + o_offset + offs_m.to(gl.int64)[:, None] * stride_on + cols[None, :], out,
-             mask=(offs_m < sq)[:, None])
+             mask=tile_mask(offs_m < sq, cols, HEAD_DIM))
 
 
 @gluon.jit
@@ -91,11 +93,14 @@ def push_redo(counter, code):
 def redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h,
           q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh, seqlen_q,
           seqlen_k, nheads, group,
-          n_m, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, MAY_BE_EMPTY: gl.constexpr, HAS_SINK: gl.constexpr):
+          n_m, qk_scale, HEAD_DIM_PAD: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr,
+          MAY_BE_EMPTY: gl.constexpr, HAS_SINK: gl.constexpr):
     """FROZEN_MAX, once a program's partitions are done: counter[2] counts the programs, and the launch's last one
     (every queued code is in by then) computes the queued rows exactly (exact_rows), then sets the counts back to 0
-    for the stream's next launch."""
+    for the stream's next launch. Qp, Kp, Vp are the 2-D views (columns of a head: col_h · HEAD_DIM where the
+    descriptors' views are 3-D, common.head_coord)."""
+    COL: gl.constexpr = HEAD_DIM if HEAD_DIM < HEAD_DIM_PAD else 1
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     if counter_op(counter, 2, 1) == gl.num_programs(0) - 1:
         n_redo = counter_op(counter, 1, 0)  # (not in range(): its bound is emitted twice)
@@ -110,8 +115,8 @@ def redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqle
             sink = 0.0
             if HAS_SINK:
                 sink = gl.load(Sinks + h) * LOG2E
-            exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h, k_row,
-                       (h // group) * k_col_h, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset, lse_offset,
-                       stride_on, qk_scale, sink, HEAD_DIM, CAUSAL, MAY_BE_EMPTY, HAS_SINK)
+            exact_rows(Qp, Kp, Vp, O, LSE, q_width, k_width, v_width, q_row, h * q_col_h * COL, k_row,
+                       (h // group) * k_col_h * COL, start_m + code % NUM_WG * WG_M, sq, sk, diag, o_offset,
+                       lse_offset, stride_on, qk_scale, sink, HEAD_DIM_PAD, HEAD_DIM, CAUSAL, MAY_BE_EMPTY, HAS_SINK)
         counter_op(counter, 1, 0, XCHG=True)  # the counts back to 0 for the stream's next launch
         counter_op(counter, 2, 0, XCHG=True)

@@ -49,7 +49,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step
-from .common import as_tensor, register_operand_layout, row_run_layout, views, wgmma_layout
+from .common import (
+    allocate_tiles,
+    as_tensor,
+    register_operand_layout,
+    row_run_layout,
+    tile_cols,
+    tile_mask,
+    tma_load,
+    tma_store,
+    views,
+    wgmma_layout,
+)
 from .exact_rows import out_offsets, push_redo, redo
 from .fwd_bundles import Outputs, Problem, Ring, Switches
 from .fwd_schedule import WG_M, lpt_item, n_items
@@ -76,8 +87,8 @@ def _load_tile(sw, pb, desc, free, ready, bufs, g, j, k_row, h, SCOPE: gl.conste
         mbarrier.wait(free.index(stage), ((g // sw.STAGES) & 1) ^ 1)
     with pl.scope(SCOPE):
         mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h],
-                                        ready.index(stage), bufs.index(stage))
+        tma_load(desc, k_row + j * sw.BLOCK_N, (h // pb.group) * pb.views.k_col_h, ready.index(stage),
+                 bufs.index(stage))
 
 
 @gluon.jit
@@ -95,8 +106,7 @@ def _load_item(sw, ring, pb, q_desc, k_desc, v_desc, code, counter, claim, claim
             if sw.SCHEDULE == 3:
                 ring.code.index(i).store(gl.full([1], code, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
             mbarrier.expect(ring.q_bar.index(i), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [q_row + start_m + i * WG_M, h * pb.views.q_col_h],
-                                            ring.q_bar.index(i), ring.q.index(i))
+            tma_load(q_desc, q_row + start_m + i * WG_M, h * pb.views.q_col_h, ring.q_bar.index(i), ring.q.index(i))
     for j in range(n_tiles):
         _load_tile(sw, pb, k_desc, ring.k_free, ring.k_ready, ring.k, g, j, k_row, h, "load K")
         _load_tile(sw, pb, v_desc, ring.v_free, ring.v_ready, ring.v, g, j, k_row, h, "load V")
@@ -229,9 +239,9 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
     Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
     NUM_WG: gl.constexpr = sw.BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_N)
-    o_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM)
+    o_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM_PAD)
     p_layout: gl.constexpr = register_operand_layout(o_layout)
-    store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM)
+    store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM_PAD)
     dtype: gl.constexpr = ring.q.dtype
     q_wg = ring.q.index(wg)
     s_zero = gl.zeros([WG_M, sw.BLOCK_N], gl.float32, layout=s_layout)
@@ -250,7 +260,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
     else:
         offs_m = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([WG_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([WG_M, sw.HEAD_DIM], gl.float32, layout=o_layout)
+        acc = gl.zeros([WG_M, sw.HEAD_DIM_PAD], gl.float32, layout=o_layout)
 
         n_own = n_tiles
         if sw.CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
@@ -379,7 +389,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
         gl.store(outs.LSE + lse_offset + offs_m, lse, mask=lse_kept)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
         out = (acc * inv_l[:, None]).to(dtype)
-        if sw.HEAD_DIM <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
+        if sw.HEAD_DIM_PAD <= 64:  # 16-byte runs of a row per store (O stored from the wgmma layout: 4-byte pieces)
             out = gl.convert_layout(out, store_layout)
         elif sw.STAGE_K:  # the same runs, through this warpgroup's rows of the item's last K tile
             mbarrier.wait(ring.k_done.index(0), done & 1)  # every consumer's last Q·Kᵀ has read that tile
@@ -388,7 +398,7 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             out = o_tile.load(store_layout)
             fence_async_shared()  # these writes land before the loader's next TMA load into the tile
         rows = start_m + wg * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, out.type.layout))
-        cols = gl.arange(0, sw.HEAD_DIM, layout=gl.SliceLayout(0, out.type.layout))
+        cols = gl.arange(0, sw.HEAD_DIM_PAD, layout=gl.SliceLayout(0, out.type.layout))
         ptrs = outs.O + o_offset + rows.to(gl.int64)[:, None] * outs.stride_on + cols[None, :]
         rows_kept = rows < sq
         if sw.FROZEN_MAX:
@@ -398,9 +408,9 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             tma.store_wait(0)  # the previous item's O has left this tile
             o_wg.store(out)
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [q_row + start_m + wg * WG_M, h * pb.views.q_col_h], o_wg)
+            tma_store(o_desc, q_row + start_m + wg * WG_M, h * pb.views.q_col_h, o_wg)
         else:
-            gl.store(ptrs, out, mask=rows_kept[:, None])
+            gl.store(ptrs, out, mask=tile_mask(rows_kept, cols, sw.HEAD_DIM))
         if sw.STAGE_K:
             mbarrier.arrive(ring.k_free.index(last))
         pl.exit_scope("epilogue")
@@ -462,15 +472,16 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, K
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
     (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h. A K/V tile holds k_desc's rows. SWITCHES: a
     FwdSwitches (with HAS_SINK, Sinks holds each head's sink logit; else it is LSE, unread)."""
+    HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    sw = Switches(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
+    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_smem = allocate_tiles(q_desc, NUM_WG)
+    k_smem = allocate_tiles(k_desc, STAGES)
+    v_smem = allocate_tiles(v_desc, STAGES)
     o_smem = q_smem  # (unused without STAGE_O)
     if sw.STAGE_O:  # each consumer's O tile, which a TMA store reads while the next item runs
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG] + o_desc.block_type.shape, o_desc.layout)
+        o_smem = allocate_tiles(o_desc, NUM_WG)
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -521,5 +532,5 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, K
     if sw.FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
         redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b,
               q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-              seqlen_q, seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, sw.CAUSAL, sw.BOTTOM_RIGHT,
-              sw.IS_VARLEN, sw.MAY_BE_EMPTY, sw.HAS_SINK)
+              seqlen_q, seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, sw.CAUSAL,
+              sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.MAY_BE_EMPTY, sw.HAS_SINK)

@@ -33,6 +33,7 @@ class FwdSwitches(NamedTuple):
 class Switches:
     """What a launch fixes at compile time: the tiles and switches of its configs.HopperFwdConfig (launch_args), the
     mask and whether the sequences are packed."""
+    HEAD_DIM_PAD: gl.constexpr  # the tiles' columns: HEAD_DIM, the tensors' head dim, rounded up to a power of two
     HEAD_DIM: gl.constexpr
     BLOCK_M: gl.constexpr  # Q rows of a work item, WG_M to each consumer warpgroup
     BLOCK_N: gl.constexpr  # keys of a K/V tile
@@ -52,9 +53,9 @@ class Switches:
     HAS_SINK: gl.constexpr  # a learned sink logit per head (Outputs.Sinks)
 
     @triton.constexpr_function
-    def __init__(self, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
-        self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N, self.STAGES = (gl.constexpr(x) for x in (HEAD_DIM, BLOCK_M, BLOCK_N,
-                                                                                          STAGES))
+    def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
+        self.HEAD_DIM_PAD, self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N, self.STAGES = (
+            gl.constexpr(x) for x in (HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES))
         for name, value in FwdSwitches(*switches)._asdict().items():
             setattr(self, name, gl.constexpr(value))
         self.MAY_BE_EMPTY = gl.constexpr(self.CAUSAL.value or self.IS_VARLEN.value)
@@ -65,10 +66,10 @@ class Ring:
     """The program's shared memory: each consumer's Q tile, the K/V stages and, with STAGE_O, each consumer's O tile;
     their mbarriers (Q loaded, Q free; K, V ready; K, V free once every consumer read them), the turns of ping-pong,
     k_done (STAGE_K: every consumer's last Q·Kᵀ of the item is done) and the claimed codes (SCHEDULE 3)."""
-    q: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM]
-    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
+    q: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM_PAD]
+    k: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM_PAD]
     v: gl.shared_memory_descriptor
-    o: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM] (q without STAGE_O: unused)
+    o: gl.shared_memory_descriptor  # [NUM_WG, WG_M, HEAD_DIM_PAD] (q without STAGE_O: unused)
     q_bar: gl.shared_memory_descriptor
     q_free: gl.shared_memory_descriptor
     k_ready: gl.shared_memory_descriptor

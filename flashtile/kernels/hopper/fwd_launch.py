@@ -5,8 +5,8 @@ from triton.experimental.gluon import language as gl
 
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
-from ..common.tiles import cdiv, num_sms
-from .common import GLUON_VERSION_OK, descriptor, same_rows, smem_layout, view, view_layout
+from ..common.tiles import cdiv, next_pow2, num_sms
+from .common import GLUON_VERSION_OK, head_coord, same_rows, tile_descriptor, view, view_layout
 from .fwd import flash_fwd_hopper_kernel
 from .fwd_bundles import FwdSwitches
 from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter, uses_claims, uses_frozen_max
@@ -15,10 +15,10 @@ from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter,
 def supports(q, k, v, window_size):
     """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
     causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read (V's rows addressed
-    like K's: the kernel reads both at the same coordinates)."""
+    like K's: the kernel reads both at the same coordinates), a head dim of 16-byte rows."""
     varlen = q.dim() == 3
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
-            and window_size[1] in (-1, 0) and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and window_size[1] in (-1, 0) and q.shape[-1] % 8 == 0 and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and view_layout(q, varlen) is not None and same_rows(view_layout(v, varlen), view_layout(k, varlen)))
 
 
@@ -84,16 +84,18 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    q_layout, q_rows_b, q_rows_h, q_col_h = view_layout(q, varlen)
-    k_layout, k_rows_b, k_rows_h, k_col_h = view_layout(k, varlen)
-    q2, k2, v2 = view(q, q_layout), view(k, k_layout), view(v, view_layout(v, varlen)[0])
+    q_layout, k_layout, v_layout = view_layout(q, varlen), view_layout(k, varlen), view_layout(v, varlen)
+    (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = head_coord(q_layout, head_dim), head_coord(
+        k_layout, head_dim)
+    q2, k2, v2 = view(q, q_layout[0]), view(k, k_layout[0]), view(v, v_layout[0])  # (the FROZEN_MAX redo's pointers)
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     # O by TMA stores where its 2-D view maps rows as Q's does (the same row and column offsets serve both)
     o_layout = view_layout(out, varlen)
-    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and same_rows(o_layout, view_layout(q, varlen)))
-    o2 = view(out, o_layout[0]) if stage_o else q2
-    descs = [descriptor(t, [block, head_dim], smem_layout(block, head_dim, dtype))
-             for t, block in ((q2, WG_M.value), (k2, config.block_n), (v2, config.block_n), (o2, WG_M.value))]
+    stage_o = bool(config.o_tma and out.data_ptr() % 16 == 0 and same_rows(o_layout, q_layout))
+    descs = [tile_descriptor(t, layout, block, dtype)
+             for t, layout, block in ((q, q_layout, WG_M.value), (k, k_layout, config.block_n),
+                                      (v, v_layout, config.block_n),
+                                      (out, o_layout, WG_M.value) if stage_o else (q, q_layout, WG_M.value))]
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, 0
         o_strides = (0, out.stride(0), out.stride(1))
@@ -124,7 +126,8 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     switches = FwdSwitches(
         CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
         OVERLAP_PV=config.overlap_pv,
-        STAGE_K=bool(config.o_kstage and head_dim > 64 and config.block_m == 2 * WG_M.value and not stage_o),
+        STAGE_K=bool(config.o_kstage and next_pow2(head_dim) > 64 and config.block_m == 2 * WG_M.value
+                     and not stage_o),
         STAGE_O=stage_o, EARLY_P=config.early_p, Q_REGS=config.q_regs, SCHEDULE=schedule, FROZEN_MAX=frozen,
         HAS_SINK=sinks is not None)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.num_stages,

@@ -74,24 +74,26 @@ def bwd_preprocess_kernel(O, dO, Delta, dLSE, dQacc, cu_seqlens_q, LSE, Sinks, S
 
 @triton.jit
 def dq_cast_kernel(dQacc, dQ, cu_seqlens_q, stride_ab, stride_ah, stride_qb, stride_qn, stride_qh, seqlen_q, nheads,
-                   scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   scale, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                   IS_VARLEN: tl.constexpr):
     """dQ = scale · dQacc in dQ's dtype, for one 64-row Q tile of one head. dQacc holds each tile's two halves of the
-    columns in the order the sm90 single-pass kernel's threads wrote them (kernels/hopper/bwd.py, dq_tile_order).
+    HEAD_DIM_PAD columns (dQ has HEAD_DIM of them) in the order the sm90 single-pass kernel's threads wrote them
+    (kernels/hopper/bwd.py, dq_tile_order).
     Packed (IS_VARLEN): dQacc's batch is the sequence, whose rows start at cu_seqlens_q[b] in dQ (its batch stride
     0); seqlen_q (dQacc's rows) bounds each."""
-    COLS: tl.constexpr = HEAD_DIM // 2
+    COLS: tl.constexpr = HEAD_DIM_PAD // 2
     b = (tl.program_id(1) // nheads).to(tl.int64)
     h = (tl.program_id(1) % nheads).to(tl.int64)
     q_start, rows = sequence_bounds(cu_seqlens_q, b, seqlen_q, IS_VARLEN)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, COLS)
-    tile = dQacc + b * stride_ab + h * stride_ah + tl.program_id(0).to(tl.int64) * (BLOCK_M * HEAD_DIM)
+    tile = dQacc + b * stride_ab + h * stride_ah + tl.program_id(0).to(tl.int64) * (BLOCK_M * HEAD_DIM_PAD)
     for half in tl.static_range(2):
         acc = tl.load(tile + half * BLOCK_M * COLS + tl.arange(0, BLOCK_M * COLS))  # in the threads' order
         acc = tl.reshape(tl.permute(tl.reshape(acc, [COLS // 8, 4, 8, 4, 2, 2]), (1, 4, 2, 0, 3, 5)), [BLOCK_M, COLS])
         tl.store(dQ + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qn + half * COLS
                  + offs_d[None, :], (acc * scale).to(dQ.dtype.element_ty),
-                 mask=((offs_m < rows) & (offs_m < seqlen_q))[:, None])
+                 mask=((offs_m < rows) & (offs_m < seqlen_q))[:, None] & (half * COLS + offs_d < HEAD_DIM)[None, :])
 
 
 @triton.jit
@@ -378,12 +380,13 @@ def launch_dq_cast(dq_acc, dq, scale, cu_seqlens_q=None, replay=None, found=None
     key = launch_key((dq_acc, dq, cu_seqlens_q), "cast", scale)
 
     def first():
-        batch, nheads, rows, head_dim = dq_acc.shape
+        batch, nheads, rows, cols = dq_acc.shape
         varlen = cu_seqlens_q is not None
         seqlen = rows if varlen else dq.shape[1]
         args = (dq_acc, dq, cu_seqlens_q, dq_acc.stride(0), dq_acc.stride(1), *_strides(dq), seqlen, nheads, scale)
-        return Replay(dq_cast_kernel, (cdiv(seqlen, 64), batch * nheads), args, dict(HEAD_DIM=head_dim, BLOCK_M=64,
-                      IS_VARLEN=varlen, num_warps=4), ["dQacc", "dQ", "cu_seqlens_q"])
+        return Replay(dq_cast_kernel, (cdiv(seqlen, 64), batch * nheads), args,
+                      dict(HEAD_DIM=dq.shape[-1], HEAD_DIM_PAD=cols, BLOCK_M=64, IS_VARLEN=varlen, num_warps=4),
+                      ["dQacc", "dQ", "cu_seqlens_q"])
     _REPLAYS.launch(key, dq.device, (dq_acc, dq, cu_seqlens_q), first, found)
 
 

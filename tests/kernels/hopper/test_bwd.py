@@ -34,6 +34,32 @@ def test_backward_launch_arguments():
         assert kwargs["CAUSAL"] and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
 
 
+def test_padded_head_dim_launch_arguments():
+    """D=96 runs in tiles of 128 columns (the kernels derive HEAD_DIM_PAD from HEAD_DIM): Q, K, V, dO read through
+    3-D (rows, heads, head dim) views in [rows, 1, 128] boxes, a head's coordinate its index; dQacc 128 columns
+    wide."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq, bwd_split
+    q = torch.randn(2, 300, 8, 96, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 500, 2, 96, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 8, 300)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    config = configs.BWD_HOPPER[(128, True)]
+    dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config))
+    assert dq_acc.shape == (2, 8, 320, 128)
+    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, True, config, dq_acc)
+    assert [d.block_shape for d in args[:4]] == [[64, 1, 128]] * 4
+    assert [tuple(d.base.shape) for d in args[:4]] == [(600, 8, 96), (1000, 2, 96), (1000, 2, 96), (600, 8, 96)]
+    values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
+    assert (values["q_rows_b"], values["q_col_h"], values["k_rows_b"], values["k_col_h"]) == (300, 1, 500, 1)
+    assert kwargs["HEAD_DIM"] == 96
+    assert values["dQacc"].block_shape == [128, 32]
+    for launch_args in (bwd_dq.launch_args(q, k, v, q, q, q, lse, lse, 0.1, True, True, config.dq_hopper)[2],
+                        bwd_split.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, True,
+                                              configs.BWD_HOPPER[(256, True)])[2]):
+        assert launch_args["HEAD_DIM"] == 96
+
+
 def test_packed_launch_arguments():
     """Packed sequences (3-D q, k, v): the grid covers the longest sequence's keys for every (sequence, KV head); the
     kernel takes cu_seqlens, the longest lengths (it bounds each sequence's by them), the bottom-right flag as diag,
@@ -64,8 +90,9 @@ def test_packed_launch_arguments():
 
 def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
-    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic); other head
-    dims and windows stay portable."""
+    and head dims of 16-byte rows in tiles of those (40, 80, 96, 192) with their tiles' configs; "portable" never;
+    packed sequences where the design is the one pass (D=64, 128, not deterministic); other head dims (rows not of
+    16 bytes, tiles of 32 columns) and windows stay portable."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     ok = GLUON_VERSION_OK
@@ -82,7 +109,10 @@ def test_backward_dispatch(monkeypatch):
         window = (-1, 0) if causal else (-1, -1)
         assert taken("auto", 1, head_dim, window) == taken("auto", 4096, head_dim, window) == ok
     assert not taken("portable", 4096)
-    assert not taken("auto", 4096, head_dim=96)
+    for head_dim in (40, 80, 96, 192):
+        assert taken("auto", 4096, head_dim) == taken("auto", 4096, head_dim, (-1, -1)) == ok
+    assert not taken("auto", 4096, head_dim=59) and not taken("auto", 4096, head_dim=24)
+    assert taken("auto", 4096, head_dim=96, packed=True) == ok and not taken("auto", 4096, head_dim=192, packed=True)
     assert not taken("auto", 4096, window=(256, 0))
     assert taken("auto", 4096, packed=True) == taken("auto", 4096, head_dim=64, packed=True) == ok
     assert not taken("auto", 4096, packed=True, deterministic=True)
@@ -289,8 +319,8 @@ def test_taken_for_the_shapes_it_covers():
         assert dispatch.backward(q, k, k, q, (-1, -1), False).kernel == "hopper/bwd.py"
         assert dispatch.backward(q, k, k, q, (-1, 0), False).kernel == "hopper/bwd.py"
         assert dispatch.backward(q, k, k, q, (128, 0), False).kernel == "portable/bwd.py"  # sliding window
-    d96 = (t[..., :96] for t in (q, k, k, q))
-    assert dispatch.backward(*d96, (-1, -1), False).kernel == "portable/bwd.py"
+    d60 = (t[..., :60].contiguous() for t in (q, k, k, q))  # rows of 120 bytes
+    assert dispatch.backward(*d60, (-1, -1), False).kernel == "portable/bwd.py"
 
 
 @pytest.mark.gpu
@@ -316,7 +346,7 @@ def test_packed_qkv_read_in_place(head_dim, causal):
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
 def test_packed_sequences(head_dim, causal, dtype):
     """flash_attn_varlen_func's gradients on the sm90 one pass: ragged sequences (one without queries, one without
     keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q; against float64 within 2x
@@ -352,7 +382,7 @@ def shape_id(s):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
 def test_gradients(head_dim, shape, causal, dtype, bwd_path):
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
@@ -375,10 +405,40 @@ def test_gradients_into_given_tensors_and_the_delta_used(head_dim, with_dlse, bw
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_gradients_d256(shape, causal, dtype):
-    """D=256: the dQ kernel, then one warpgroup per gradient (kernels/hopper/bwd_split.py)."""
+@pytest.mark.parametrize("head_dim", [192, 256], ids=lambda d: f"d{d}")
+def test_gradients_wide_heads(head_dim, shape, causal, dtype):
+    """D=256 and D=192 (in its tiles): the dQ kernel, then one warpgroup per gradient (kernels/hopper/bwd_split.py)."""
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
-    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, 256, dtype, causal)
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [40, 80, 96, 192], ids=lambda d: f"d{d}")
+def test_padded_head_dims_in_every_layout(head_dim, causal):
+    """A head dim below its tile's (40 in tiles of 64, 80 and 96 of 128, 192 of 256) on the sm90 kernels both ways,
+    read where it lies: flash-attn's layout (GQA 8/2), SDPA's head-major one, a packed qkv; O, LSE and every gradient
+    against float64 within 2x of PyTorch's own error, deterministic=True too (the two kernels); the columns past the
+    head dim are never written (poisoned outputs would show)."""
+    window = (-1, 0) if causal else (-1, -1)
+    q, dout = (randn(2, 1500, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 1300, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    head_major = [randn(2, 4, 1100, head_dim, dtype=torch.float16).transpose(1, 2) for _ in range(4)]
+    qkv = randn(2, 2048, 3, 4, head_dim, dtype=torch.bfloat16)
+    cases = [((q, k, v), dout), (head_major[:3], head_major[3]), (qkv.unbind(2), randn(2, 2048, 4, head_dim,
+                                                                                        dtype=torch.bfloat16))]
+    for (q, k, v), dout in cases:
+        assert dispatch.forward(q, k, v, window, seqlen_q=4096).kernel == "hopper/fwd.py"
+        assert dispatch.backward(q, k, v, dout, window).kernel == "hopper/bwd.py"
+        ref = gradients(lambda q, k, v: reference.attention(q, k, v, causal=causal)[0], (q, k, v), dout.double())
+        base = gradients(lambda q, k, v: torch_attention(q, k, v, causal, window), (q, k, v), dout)
+        for deterministic in (False, True):
+            with poisoned_outputs():
+                ours = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=causal,
+                                                                           deterministic=deterministic), (q, k, v),
+                                 dout)
+            assert_grads_close(ours, ref, base)
 
 
 @pytest.mark.gpu

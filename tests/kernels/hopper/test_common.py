@@ -64,3 +64,47 @@ def test_views_the_kernel_cannot_read():
     rows_of_72_bytes = torch.randn(2, 7, 36)[..., :32].unflatten(-1, (4, 8))  # a descriptor's rows are 16-byte steps
     assert hopper_common.view_layout(rows_of_72_bytes, varlen=False) is None
     assert hopper_common.view_layout(torch.randn(2, 4, 7, 64).transpose(1, 2)[:, ::2], varlen=False) is None
+
+
+@pytest.mark.parametrize("head_dim", [40, 96, 192])
+@pytest.mark.parametrize("layout", ["tokens-major", "heads-major", "qkv-packed", "heads-major-padded-rows"])
+def test_a_padded_head_dim_is_read_through_heads_rows_and_columns(layout, head_dim):
+    """A head dim below its tile's (96 in tiles of 128): the descriptor's 3-D view (rows, heads, head dim) holds each
+    (batch, head)'s rows at [row_base + n, col, :head dim] with col the head (0 head-major), so that a box of the
+    tile's width reads zeros past the head, not its neighbour's columns; its box is [rows, 1, tile columns]."""
+    from triton.experimental.gluon import language as gl
+    batch, seqlen, nheads = 3, 5, 4
+    t = _strided(layout, batch, seqlen, nheads, head_dim).to(torch.bfloat16)
+    layout = hopper_common.view_layout(t, varlen=False)
+    rows_b, rows_h, col_h = hopper_common.head_coord(layout, head_dim)
+    desc = hopper_common.tile_descriptor(t, layout, 64, gl.bfloat16)
+    view = desc.base
+    cols = hopper_common.tile_cols(head_dim)
+    assert view.data_ptr() == t.data_ptr() and view.dim() == 3
+    assert desc.block_shape == [64, 1, cols] and cols > head_dim
+    assert all(s * 2 % 16 == 0 for s in view.stride()[:2]) and view.stride(-1) == 1  # TMA: 16-byte strides
+    assert view.stride(0) >= view.stride(1) * view.shape[1]  # strides ordered as the dims
+    for b in range(batch):
+        for h in range(nheads):
+            got = view[b * rows_b + h * rows_h:b * rows_b + h * rows_h + seqlen, h * col_h]
+            assert torch.equal(got, t[b, :, h])
+
+
+def test_a_padded_head_dim_of_packed_sequences():
+    seqlens, nheads, head_dim = [2, 0, 5], 3, 80
+    t = torch.randn(sum(seqlens), nheads, head_dim, dtype=torch.float16)
+    layout = hopper_common.view_layout(t, varlen=True)
+    _, _, col_h = hopper_common.head_coord(layout, head_dim)
+    from triton.experimental.gluon import language as gl
+    view = hopper_common.tile_descriptor(t, layout, 64, gl.float16).base
+    for h in range(nheads):
+        assert torch.equal(view[:sum(seqlens), h * col_h], t[:, h])
+
+
+def test_a_power_of_two_head_dim_keeps_its_2d_view():
+    from triton.experimental.gluon import language as gl
+    t = torch.randn(2, 5, 4, 128, dtype=torch.bfloat16)
+    layout = hopper_common.view_layout(t, varlen=False)
+    desc = hopper_common.tile_descriptor(t, layout, 64, gl.bfloat16)
+    assert desc.block_shape == [64, 128] and desc.base.shape == (10, 512)
+    assert hopper_common.head_coord(layout, 128) == layout[1:]

@@ -21,7 +21,7 @@ from helpers import (
 
 import flashtile
 from flashtile import configs, dispatch, reference
-from flashtile.kernels.common.tiles import num_sms
+from flashtile.kernels.common.tiles import head_dim_pad, num_sms
 from flashtile.kernels.hopper import fwd as fwd_hopper
 from flashtile.kernels.hopper import fwd_launch, fwd_schedule
 from flashtile.kernels.hopper.common import GLUON_VERSION_OK
@@ -227,7 +227,7 @@ def test_hopper_kernel_covers_the_common_layouts(forward_backend):
     """The Hopper kernel, not the fallback, runs the shapes users time: flash-attn and SDPA layouts, GQA."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel is for sm90")
-    for head_dim in (64, 128, 256):  # D=64 only from 1024 query rows (causal 2048; configs.FWD_HOPPER)
+    for head_dim in (64, 96, 128, 192, 256):  # D=64 only from 1024 query rows (causal 2048; configs.FWD_HOPPER)
         for dtype in LOW:
             q = randn(2, 1000, 8, head_dim, dtype=dtype)
             k = randn(2, 1000, 2, head_dim, dtype=dtype)
@@ -273,7 +273,7 @@ def check_hopper_config(cfg, head_dim, causal, monkeypatch):
     ones and many short ones (a program's consecutive items then leave the same warpgroups idle); then bitwise
     repeatable."""
     cfg = dataclasses.replace(cfg, min_seqlen_q=0, below=None)
-    monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, causal): cfg})
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim_pad(head_dim), causal): cfg})
     for seqlen_q, seqlen_k in ((1, 1), (17, 17), (113, 203), (203, 113), (1023, 1023), (1500, 700)):
         check(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, causal)
     check(1, 4096, 4096, 4, 1, head_dim, torch.float16, causal)
@@ -618,7 +618,7 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000, sinks=None):
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("forward_backend")
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
     """configs.HopperFwdConfig.frozen_max (each K/V tile after an item's first exponentiated against that tile's
@@ -627,7 +627,7 @@ def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
     exactly)."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's option")
-    for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim, causal)]):
+    for cfg in configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim_pad(head_dim), causal)]):
         assert cfg.frozen_max
         check_hopper_config(cfg, head_dim, causal, monkeypatch)
         check_rising_scores(head_dim, causal, "rising")
@@ -638,7 +638,7 @@ def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
 def test_sinks(head_dim, causal, forward_backend):
     """learnable_sink in the forward (Switches.HAS_SINK): O and LSE against float64, bf16 and fp16, GQA, Nq != Nk
     with rows that see no key (O = 0, LSE = the sink), a sink far above the scores; then rows that fall back to

@@ -336,6 +336,10 @@ def test_preprocess_zeroes_and_cast_scales_the_single_pass_dq(head_dim):
     bwd.launch_dq_cast(acc, dq, 0.25, cu)
     assert torch.equal(dq[:77], (full[0, :, :77] * 0.25).half().transpose(0, 1))
     assert torch.equal(dq[77:205], (full[1] * 0.25).half().transpose(0, 1)) and dq[205:].isnan().all()
+    # a head dim below the tiles' (96 of 128 columns): dQ takes the first 96, nothing is written past its rows
+    narrow = torch.full((2, 77, 3, head_dim - 32), float("nan"), dtype=torch.float16)
+    bwd.launch_dq_cast(acc, narrow, 0.25)
+    assert torch.equal(narrow, (full[:, :, :77, :head_dim - 32] * 0.25).half().transpose(1, 2))
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
