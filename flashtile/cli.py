@@ -135,7 +135,9 @@ def backward_plans():
 
 
 def _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device="cpu", dtype=torch.bfloat16):
-    """(q, k, window) of a flash_attn_func call of that shape, new tensors (k stands for v and q for dO too)."""
+    """(q, k, window) of a flash_attn_func call of that shape as the kernels see it (a head dim rounded up to a
+    multiple of 8, as ops.pad_head_dim pads it), new tensors (k stands for v and q for dO too)."""
+    head_dim = -(-head_dim // 8) * 8
     q = torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype)
     k = torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype)
     return q, k, (-1, 0) if causal else (-1, -1)
@@ -205,11 +207,17 @@ def info(args):
         print("on an sm90 GPU (H100, H200) in bf16 the backward runs kernels/portable/bwd.py")
     else:
         print(f"on an sm90 GPU (H100, H200) in bf16 the backward runs, in kernels/, {hopper[1]} with {hopper[0]}")
+    from .kernels.common.tiles import head_dim_pad
+    tile = head_dim_pad(args.head_dim)
+    if tile != args.head_dim and (hopper is not None or sm90_forward(args.batch, args.seqlen, args.heads, kv_heads,
+                                                                      args.head_dim, args.causal) is not None):
+        print(f"  (the sm90 kernels take head dim {args.head_dim} in tiles of {tile} columns, those of head dim "
+              f"{tile}: the columns past {args.head_dim} are read as zeros)")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))})")
         from . import configs
         print(f"forward backend: {configs.FWD_BACKEND} (FLASHTILE_FWD_BACKEND); the Hopper kernel covers head dims "
-              f"{sorted({d for d, _ in configs.FWD_HOPPER})} on sm90")
+              f"in tiles of {sorted({d for d, _ in configs.FWD_HOPPER})} on sm90")
         print(f"backward backend: {configs.BWD_BACKEND} (FLASHTILE_BWD_BACKEND); on sm90, batch mode, in "
               f"flashtile/kernels/:")
         for line in backward_plans():

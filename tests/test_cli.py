@@ -91,8 +91,9 @@ def test_info_prints_the_plans_of_a_call(capsys):
 
 @pytest.mark.parametrize("shape, kernel", [(["--causal"], "hopper"),
                                            (["--head-dim", "256", "--seqlen", "1024"], "hopper"),
-                                           (["--head-dim", "96"], "hopper"), (["--head-dim", "36"], "portable")],
-                         ids=["d128-causal", "d256", "d96", "d36"])
+                                           (["--head-dim", "96"], "hopper"), (["--head-dim", "36"], "hopper"),
+                                           (["--head-dim", "24"], "portable")],
+                         ids=["d128-causal", "d256", "d96", "d36-padded-to-40", "d24"])
 def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, capsys):
     """On any machine ``info`` names the sm90 forward's kernel for the call; for the Hopper kernel, the config its
     chain picks for the call's rows and the compile-time switches its launch derives (bf16: FROZEN_MAX)."""
@@ -111,10 +112,19 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
 
 
 
+def test_info_says_a_padded_head_dim_runs_in_wider_tiles(capsys):
+    """A head dim between powers of two runs on sm90 in the next one's tiles, and ``info`` says so; a power of two
+    takes no such line."""
+    assert cli.main(["info", "--head-dim", "80"]) == 0
+    assert "take head dim 80 in tiles of 128 columns" in capsys.readouterr().out
+    assert cli.main(["info", "--head-dim", "64"]) == 0
+    assert "take head dim" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("shape, files", [(["--causal"], "hopper/bwd.py"),
                                           (["--head-dim", "256", "--deterministic"], "hopper/bwd_split.py"),
-                                          (["--head-dim", "192"], "hopper/bwd_split.py"), (["--head-dim", "36"], None)],
-                         ids=["d128-causal", "d256-deterministic", "d192", "d36"])
+                                          (["--head-dim", "192"], "hopper/bwd_split.py"), (["--head-dim", "24"], None)],
+                         ids=["d128-causal", "d256-deterministic", "d192", "d24"])
 def test_info_says_which_sm90_backward_runs(shape, files, capsys):
     """On any machine ``info`` names the sm90 backward's kernel files for the call, in launch order, with the
     configs.BWD_HOPPER entry and the design that entry takes (deterministic=True: no atomics)."""
