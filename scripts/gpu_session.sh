@@ -3,7 +3,7 @@
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
-#        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-dims]
+#        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -116,14 +116,16 @@ for step in "$@"; do
       fi
       gzip -f "$out/fa-tests-full.log" ;;
     host-parts) timeout 120 python3 scripts/step_host.py --parts 2>&1 | tee "$out/host-parts.md" ;;
-    padded-dims)  # head dims below their tiles' (40, 80, 96, 192) on the sm90 kernels: their GPU tests, the kernels'
-      # own tests at D=64/128/256 that share the changed code, then the bench against the portable kernels and peers
+    padded-tests)  # head dims below their tiles' (40, 80, 96, 192) on the sm90 kernels: their GPU tests, with the
+      # kernels' own tests at D=64/128/256 that share the changed code (FROZEN_MAX's redo, the common layouts)
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper \
         -k "d40 or d80 or d96 or d192 or padded or covers_the_common or taken_for or frozen_max" 2>&1 \
-        | grep -E "passed|failed|FAILED|Error" | tee "$out/padded-dims.log"
-      timeout 200 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \
-        --peers flashtile "flashtile (portable)" cuDNN "FA2 (SDPA flash)" --out "$out/bench-padded" 2>&1 \
-        | grep "^|" | tee -a "$out/padded-dims.log" ;;
+        | grep -E "passed|failed|FAILED|Error" | tee "$out/padded-tests.log" ;;
+    padded-bench)  # D=96 and 192 against the portable kernels (the path before), FA4 (where PYTHONPATH has it),
+      # cuDNN and FA2
+      timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \
+        --peers flashtile "flashtile (portable)" FA4 cuDNN "FA2 (SDPA flash)" --out "$out/bench-padded" 2>&1 \
+        | grep "^|" | tee "$out/padded-bench.log" ;;
     kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their
       # GPU tests (replays at new and old addresses, claims under CUDA graphs, the eager step), then small calls
       timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
