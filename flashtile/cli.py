@@ -135,11 +135,11 @@ def backward_plans():
 
 
 def _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device="cpu", dtype=torch.bfloat16):
-    """(q, k, window) of a flash_attn_func call of that shape as the kernels see it (a head dim rounded up to a
-    multiple of 8, as ops.pad_head_dim pads it), new tensors (k stands for v and q for dO too)."""
-    head_dim = -(-head_dim // 8) * 8
-    q = torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype)
-    k = torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype)
+    """(q, k, window) of a flash_attn_func call of that shape as the kernels see it (the head dim ops.pad_head_dim pads
+    to a multiple of 8), new tensors (k stands for v and q for dO too)."""
+    from .ops import pad_head_dim
+    q, k = pad_head_dim(torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype),
+                        torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype))
     return q, k, (-1, 0) if causal else (-1, -1)
 
 

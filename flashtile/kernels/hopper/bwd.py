@@ -41,7 +41,7 @@ from triton.language.core import _aggregate as aggregate
 from ... import configs
 from ..common.online_softmax import LN2, LOG2E
 from ..common.replay import Replay, Replays, launch_key
-from ..common.tiles import cdiv, next_pow2
+from ..common.tiles import cdiv, head_dim_pad, next_pow2
 from ..portable import bwd as portable_bwd
 from . import bwd_dq, bwd_split
 from .bwd_dq import Switches, backward_descriptors
@@ -383,10 +383,11 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 
 def supports(q, k, v, dout, window_size):
     """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only): a head dim of 16-byte
-    rows whose tiles (common.tile_cols) have a configs.BWD_HOPPER entry, bf16/fp16, full or causal, views a descriptor
-    can read (dO addressed like Q: the loader reads both at the same coordinates)."""
+    rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a configs.BWD_HOPPER entry, bf16/fp16,
+    full or causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same
+    coordinates)."""
     if not (GLUON_VERSION_OK and q.dim() in (3, 4) and q.shape[-1] % 8 == 0
-            and (next_pow2(q.shape[-1]), window_size[1] == 0) in configs.BWD_HOPPER
+            and (head_dim_pad(q.shape[-1]), window_size[1] == 0) in configs.BWD_HOPPER
             and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0 and window_size[1] in (-1, 0)
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
         return False
@@ -402,7 +403,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
     or None."""
-    config = config or configs.BWD_HOPPER[(next_pow2(q.shape[-1]), causal)]
+    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
     descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(
@@ -467,7 +468,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
     same launch keys hands back as ``replays`` to launch them without their lookups.
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
-    config = config or configs.BWD_HOPPER[(next_pow2(q.shape[-1]), causal)]
+    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])

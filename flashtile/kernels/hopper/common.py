@@ -152,10 +152,10 @@ def allocate_tiles(desc, count, _semantic=None):
     """Shared memory for ``count`` tiles of ``desc``'s box, [count, rows, HEAD_DIM_PAD] (None: one, [rows,
     HEAD_DIM_PAD]), in the layout of a 2-D box of that shape (a 3-D view's box, [rows, 1, HEAD_DIM_PAD], is laid out
     alike)."""
-    shape = [desc.block_type.shape[0], desc.block_type.shape[-1]]
+    rows, cols = desc.block_type.shape[0], desc.block_type.shape[-1]
     count = gl._unwrap_if_constexpr(count)
-    return gl.allocate_shared_memory(desc.dtype, list(shape) if count is None else [count] + list(shape),
-                                     smem_layout(shape[0], shape[1], desc.dtype), _semantic=_semantic)
+    return gl.allocate_shared_memory(desc.dtype, [rows, cols] if count is None else [count, rows, cols],
+                                     smem_layout(rows, cols, desc.dtype), _semantic=_semantic)
 
 
 def view_layout(t, varlen):
