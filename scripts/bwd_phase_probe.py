@@ -57,24 +57,25 @@ def _program(BLOCK_N'''
 PATCHES = [
     ("\n\n@gluon.jit\ndef _program(BLOCK_N", CLOCK, 1),
     ("def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, stride_lb, stride_lh, diag,\n"
-     "                    group, cu_seqlens_q, cu_seqlens_k):",
+     "                    diag_left, group, cu_seqlens_q, cu_seqlens_k):",
      "def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, stride_lb, stride_lh, diag,\n"
-     "                    group, cu_seqlens_q, cu_seqlens_k, REC):\n    _rec(REC, 10, _clock())", 1),
-    ("                                        smem.v.index(i))\n    lo, hi",
-     "                                        smem.v.index(i))\n    _rec(REC, 11, _clock())\n    lo, hi", 1),
+     "                    diag_left, group, cu_seqlens_q, cu_seqlens_k, REC):\n    _rec(REC, 10, _clock())", 1),
+    ("smem.kv_bar, smem.v.index(i))\n    lo, hi",
+     "smem.kv_bar, smem.v.index(i))\n    _rec(REC, 11, _clock())\n    lo, hi", 1),
     ("        mbarrier.arrive(smem.q_ready.index(stage))  # q_ready's second arrival: the rows are stored\n",
      "        mbarrier.arrive(smem.q_ready.index(stage))  # q_ready's second arrival: the rows are stored\n"
      "    _rec(REC, 12, _clock())\n", 1),
-    ("def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k):",
-     "def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k,\n"
-     "              REC):\n"
+    ("def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, group, qk_scale, cu_seqlens_q,\n"
+     "              cu_seqlens_k):",
+     "def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, group, qk_scale, cu_seqlens_q,\n"
+     "              cu_seqlens_k, REC):\n"
      "    if half == 0:\n        _rec(REC, 1, _ns())\n        _rec(REC, 2, _clock())\n        _rec(REC, 0, _smid())\n"
      "    else:\n        _rec(REC, 8, _clock())", 1),
-    ("    lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)\n"
-     "    for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order\n",
-     "    lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)\n"
+    ("    lo, hi = _q_tiles(sw, start_n, seqlen_q, seqlen_k, diag, diag_left)\n"
+     "    TILE_ROWS",
+     "    lo, hi = _q_tiles(sw, start_n, seqlen_q, seqlen_k, diag, diag_left)\n"
      "    if half == 0:\n        _rec(REC, 3, _clock())\n        _rec(REC, 13, group * (hi - lo))\n"
-     "    for t in range(group * (hi - lo)):  # (query head, Q tile), in the loader's order\n", 1),
+     "    TILE_ROWS", 1),
     ("        mbarrier.wait(smem.q_ready.index(stage), phase)\n        s_t = warpgroup_mma(",
      "        mbarrier.wait(smem.q_ready.index(stage), phase)\n"
      "        if half == 0:\n            if t == 0:\n                _rec(REC, 4, _clock())\n"
@@ -91,8 +92,8 @@ PATCHES = [
      "    else:\n        _rec(REC, 9, _clock())\n\n\n@gluon.jit\ndef flash_bwd_dkdv_hopper_kernel(", 1),
     ("cu_seqlens_k, HEAD_DIM: gl.constexpr", "cu_seqlens_k, REC, HEAD_DIM: gl.constexpr", 1),
     ("group, qk_scale, cu_seqlens_q, cu_seqlens_k)),", "group, qk_scale, cu_seqlens_q, cu_seqlens_k, REC)),", 2),
-    ("diag, group, cu_seqlens_q, cu_seqlens_k)),", "diag, group, cu_seqlens_q, cu_seqlens_k, REC)),", 1),
-    ("    kwargs = dict(HEAD_DIM=head_dim,", "    kwargs = dict(REC=REC_TABLE[0], HEAD_DIM=head_dim,", 1),
+    ("diag_left, group, cu_seqlens_q, cu_seqlens_k)),", "diag_left, group, cu_seqlens_q, cu_seqlens_k, REC)),", 1),
+    ("    kwargs = dict(HEAD_DIM=q.shape[-1],", "    kwargs = dict(REC=REC_TABLE[0], HEAD_DIM=q.shape[-1],", 1),
 ]
 
 

@@ -3,7 +3,7 @@
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
-#        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench]
+#        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -121,6 +121,10 @@ for step in "$@"; do
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper \
         -k "d40 or d80 or d96 or d192 or padded or covers_the_common or taken_for or frozen_max" 2>&1 \
         | grep -E "passed|failed|FAILED|Error" | tee "$out/padded-tests.log" ;;
+    window-tests)  # sliding windows on the sm90 backward (both designs, D=64 to 256), with the backward's own tests
+      timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
+        -k "window or test_gradients or deterministic" 2>&1 | grep -E "passed|failed|FAILED|Error" \
+        | tee "$out/window-tests.log" ;;
     padded-bench)  # D=96 and 192 against the portable kernels (the path before), FA4 (where PYTHONPATH has it),
       # cuDNN and FA2
       timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \

@@ -43,8 +43,11 @@ def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
     q, k, v, dout = tensors(4096, 128)
     softcap = dispatch.forward(q, k, v, (-1, -1), softcap=30.0)
     assert softcap == dispatch.Plan("portable/fwd.py", configs.FWD_SM90[(128, False)])
-    assert dispatch.forward(q, k, v, (128, 0)).kernel == "portable/fwd.py"  # sliding window
-    assert dispatch.backward(q, k, v, dout, (128, 0)).kernel == "portable/bwd.py"
+    assert dispatch.forward(q, k, v, (128, 0)).kernel == "portable/fwd.py"  # sliding window: the sm90 backward only
+    window = dispatch.backward(q, k, v, dout, (128, 0))
+    assert window == dispatch.Plan("hopper/bwd.py", configs.BWD_HOPPER[(128, False)], "one pass")
+    packed_window = [t.flatten(0, 1) for t in (q, k, v, dout)]
+    assert dispatch.backward(*packed_window, (128, 0), packed=True).kernel == "portable/bwd.py"
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed sequences: the one pass, not the two kernels
     assert dispatch.backward(*packed, (-1, -1), packed=True).kernel == "hopper/bwd.py"
     assert dispatch.backward(*packed, (-1, -1), packed=True, deterministic=True).kernel == "portable/bwd.py"
@@ -91,7 +94,7 @@ def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
     monkeypatch.setattr(configs, "BWD_BACKEND", "auto")
     q, k, v, dout = tensors(1024, 64)
     assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, 0)) is configs.BWD_HOPPER[(64, True)]
-    assert dispatch.hopper_backward_pick(q, k, v, dout, (128, 0)) is None  # sliding window
+    assert dispatch.hopper_backward_pick(q, k, v, dout, (128, 0)) is configs.BWD_HOPPER[(64, False)]  # a window
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]  # (total, nheads, headdim): the one pass, not two kernels
     assert dispatch.hopper_backward_pick(*packed, (-1, -1), packed=True) is configs.BWD_HOPPER[(64, False)]
     assert dispatch.hopper_backward_pick(*packed, (-1, -1), packed=True, deterministic=True) is None

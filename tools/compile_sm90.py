@@ -165,10 +165,10 @@ def _backward_inputs(head_dim, nheads_k):
     return q, k, torch.empty(2, 8, 1024)
 
 
-def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False):
+def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, window=None):
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
     ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ; ``packed``: on packed sequences
-    (one pass)."""
+    (one pass); ``window``: a sliding window (left, right) instead of the causal flag's mask."""
     import torch
 
     from flashtile.kernels.hopper import bwd as bwd_hopper
@@ -181,12 +181,13 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False):
         sequences = (cu_seqlens, cu_seqlens, 1024, 1024)
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, sequences)) if single_pass else None
     grid, args, kwargs = bwd_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse, 0.1,
-                                                causal, True, config, dq_acc, packed=sequences)
+                                                causal, True, config, dq_acc, packed=sequences, window_size=window)
     row = _compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs)
-    return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass, varlen=packed)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass, varlen=packed,
+                window=window)
 
 
-def compile_hopper_split(causal, nheads_k=2, head_dim=256):
+def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None):
     """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/hopper/bwd_split.py) with its shipped config,
     8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants)."""
     import torch
@@ -195,20 +196,22 @@ def compile_hopper_split(causal, nheads_k=2, head_dim=256):
     q, k, lse = _backward_inputs(head_dim, nheads_k)
     config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
     grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
-                                                      0.1, causal, True, config)
+                                                      0.1, causal, True, config, window)
     row = _compile_gluon(bwd_split_hopper.flash_bwd_dkdv_split_kernel, args, kwargs)
-    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k, window=window)
 
 
-def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False):
+def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False, window=None):
     """The Gluon dQ kernel (kernels/hopper/bwd_dq.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
-    one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it."""
+    one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it; ``window`` as
+    compile_hopper_bwd's."""
     from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
     config = config or configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)].dq_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
-    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in)
+    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in,
+                                                   window)
     return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=head_dim,
-                config=list(config.__dict__.values()), causal=causal)
+                config=list(config.__dict__.values()), causal=causal, window=window)
 
 
 def compile_hopper_decode(layout, config=None):

@@ -195,6 +195,20 @@ def test_a_padded_head_dim_compiles_as_its_tiles(head_dim, tile):
             assert not got["serialized"] and not got["mbarrier_reuse"], got
 
 
+def test_hopper_backward_compiles_with_a_window():
+    """A sliding window (left, right) in each sm90 backward kernel (one pass and two kernels at D=128, the dQ kernel,
+    D=256's split kernel): the same products and shared memory as without it, wgmma asynchronous; the two-kernel dK/dV
+    kernel spills a few loop-invariant scalars, as causal does (test_hopper_backward_compiles_for_sm90)."""
+    calls = ["compile_hopper_bwd(False, True, 128, window={w})", "compile_hopper_bwd(False, False, 128, window={w})",
+             "compile_hopper_dq(False, window={w})", "compile_hopper_split(False, window={w})"]
+    listed = ", ".join("compile_sm90." + c.format(w=w) for c in calls for w in ((256, 0), None))
+    rows = _compiled_rows(f"[{listed}]")
+    for windowed, plain in zip(rows[::2], rows[1::2]):
+        assert windowed["window"] == [256, 0] and plain["window"] is None
+        assert (windowed["wgmma"], windowed["shared"]) == (plain["wgmma"], plain["shared"]), (windowed, plain)
+        assert not windowed["serialized"] and not windowed["mbarrier_reuse"] and windowed["local"] <= 80, windowed
+
+
 def test_hopper_forward_192_rows_compiles_for_sm90():
     """The forward with three consumer warpgroups (192-row tiles), causal too (its warpgroups stop at their
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers

@@ -6,8 +6,9 @@ V rows loaded once into shared memory and used there as the A operand of the pro
 them in registers). A loader warp streams the Q and dO tiles (64 rows) of every query head of the group
 through a ring of shared-memory stages with TMA. For each Q tile a consumer issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 together as asynchronous wgmma, runs the exponentials of Pᵀ while dPᵀ is on the tensor cores, then
-dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal or past
-the keys are masked.
+dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal, on a sliding
+window's edges (batch mode) or past the keys are masked, and a program visits only the Q tiles its keys are visible
+to (_q_tiles).
 
 dQ, two designs (configs.HopperBwdConfig.single_pass):
 - one pass (DQ_REDUCE): both consumers store their dSᵀ in shared memory, and each computes half of the Q tile's dQ
@@ -44,7 +45,7 @@ from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, head_dim_pad, next_pow2
 from ..portable import bwd as portable_bwd
 from . import bwd_dq, bwd_split
-from .bwd_dq import Switches, backward_descriptors
+from .bwd_dq import BwdSwitches, Switches, backward_descriptors, band
 from .common import (
     GLUON_VERSION_OK,
     allocate_tiles,
@@ -147,15 +148,18 @@ def _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, IS_VARLEN: gl.constexpr):
 
 
 @gluon.jit
-def _q_tiles(start_n, seqlen_q, seqlen_k, diag, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
-             IS_VARLEN: gl.constexpr):
-    """The Q tiles [lo, hi) that see a key of the tile starting at start_n (causal: query i sees keys up to
-    i + diag); packed, none where the tile starts past its sequence's keys (the grid covers the longest)."""
+def _q_tiles(sw, start_n, seqlen_q, seqlen_k, diag, diag_left):
+    """The Q tiles [lo, hi) that see a key of the tile starting at start_n (query i sees keys up to i + diag with
+    MASK_RIGHT, from i + diag_left with MASK_LEFT); packed, none where the tile starts past its sequence's keys (the
+    grid covers the longest)."""
     lo = 0
-    if CAUSAL:
-        lo = gl.maximum(start_n - diag, 0) // BLOCK_M
-    hi = gl.cdiv(seqlen_q, BLOCK_M)
-    if IS_VARLEN:
+    if sw.MASK_RIGHT:
+        lo = gl.maximum(start_n - diag, 0) // sw.BLOCK_M
+    hi = gl.cdiv(seqlen_q, sw.BLOCK_M)
+    if sw.MASK_LEFT:  # the Q tile of the last row whose window starts at the tile's last key or before
+        hi = gl.maximum(gl.minimum(hi, gl.maximum(start_n + sw.BLOCK_N - 1 - diag_left + sw.BLOCK_M, 0) // sw.BLOCK_M),
+                        lo)
+    if sw.IS_VARLEN:
         if start_n >= seqlen_k:
             hi = lo
     return lo, hi
@@ -163,7 +167,7 @@ def _q_tiles(start_n, seqlen_q, seqlen_k, diag, BLOCK_M: gl.constexpr, CAUSAL: g
 
 @gluon.jit
 def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, stride_lb, stride_lh, diag,
-                    group, cu_seqlens_q, cu_seqlens_k):
+                    diag_left, group, cu_seqlens_q, cu_seqlens_k):
     """One warp: both consumers' K and V rows once, then Q and dO of every (query head, Q tile) in turn, and the
     tile's LSE and delta (loaded here, so that the consumers never wait on global memory)."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
@@ -176,7 +180,7 @@ def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, s
     for i in gl.static_range(2):
         tma_load(k_desc, k_row + start_n + i * HALF_N, h_k * vw.k_col_h, smem.kv_bar, smem.k.index(i))
         tma_load(v_desc, k_row + start_n + i * HALF_N, h_k * vw.k_col_h, smem.kv_bar, smem.v.index(i))
-    lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
+    lo, hi = _q_tiles(sw, start_n, seqlen_q, seqlen_k, diag, diag_left)
     for t in range(group * (hi - lo)):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * group + t // (hi - lo)
         row = q_row0 + h * vw.q_rows_h + (lo + t % (hi - lo)) * sw.BLOCK_M
@@ -236,7 +240,8 @@ def _dq_reduce(dq, dq_smem, dQacc, row, half: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k):
+def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, group, qk_scale, cu_seqlens_q,
+              cu_seqlens_k):
     """One warpgroup, keys [start_n + half·64, +64): dK and dV over every Q tile of every query head."""
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_M)
@@ -261,7 +266,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
     if sw.DQ_REDUCE:
         gl.static_assert((sw.BLOCK_M % 64 == 0) & (DQ_COLS % 32 == 0), "_dq_reduce's order: 64k rows, 32k columns")
     mbarrier.wait(smem.kv_bar, 0)
-    lo, hi = _q_tiles(start_n, seqlen_q, seqlen_k, diag, sw.BLOCK_M, sw.CAUSAL, sw.IS_VARLEN)
+    lo, hi = _q_tiles(sw, start_n, seqlen_q, seqlen_k, diag, diag_left)
     TILE_ROWS: gl.constexpr = sw.BLOCK_M * sw.HEAD_DIM_PAD // 32  # a Q tile's dQ share in dQacc, rows of 32 floats
     m_tile = hi * 0 + lo - 1  # the step's Q tile, counted on in the loader's order (no division by hi - lo)
     dq_row = _dq_row(sw, gr, b, h_k * group, lo, half)  # the previous step's share's row (step 0's at first)
@@ -284,9 +289,18 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
         if not LSE_EARLY:
             lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
-        if sw.CAUSAL:
-            if (last_key >= seqlen_k) | (last_key > m_tile * sw.BLOCK_M + diag):  # diagonal, end
-                ok = (offs_n < seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + diag)[None, :])
+        if sw.MASK_RIGHT or sw.MASK_LEFT:
+            cut = last_key >= seqlen_k  # the end, the diagonal, the window's start
+            if sw.MASK_RIGHT:
+                cut = cut | (last_key > m_tile * sw.BLOCK_M + diag)
+            if sw.MASK_LEFT:
+                cut = cut | (first_key < m_tile * sw.BLOCK_M + sw.BLOCK_M - 1 + diag_left)
+            if cut:
+                ok = (offs_n < seqlen_k)[:, None]
+                if sw.MASK_RIGHT:
+                    ok = ok & (offs_n[:, None] <= (offs_m + diag)[None, :])
+                if sw.MASK_LEFT:
+                    ok = ok & (offs_n[:, None] >= (offs_m + diag_left)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
         elif last_key >= seqlen_k:  # the keys pass the sequence's end
             p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
@@ -332,14 +346,15 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, group, qk_scale
 def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc, LSE, Delta, q_rows_b,
                                  q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
                                  stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqh, stride_lb,
-                                 stride_lh, seqlen_q, seqlen_k, diag, group, qk_scale, cu_seqlens_q,
+                                 stride_lh, seqlen_q, seqlen_k, diag, diag_left, group, qk_scale, cu_seqlens_q,
                                  cu_seqlens_k, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr,
-                                 IS_VARLEN: gl.constexpr, REGS: gl.constexpr):
-    """Grid (K/V tiles of BLOCK_N keys of the longest sequence, KV heads, batch (or sequences)). Packed
+                                 STAGES: gl.constexpr, SWITCHES: gl.constexpr, REGS: gl.constexpr):
+    """Grid (K/V tiles of BLOCK_N keys of the longest sequence, KV heads, batch (or sequences)). Query i sees keys
+    i + diag_left .. i + diag (SWITCHES, a bwd_dq.BwdSwitches: each bound where its side is masked). Packed
     (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k unused; ``diag`` 1 for
-    bottom-right causal, else 0 (see _sequence)."""
+    bottom-right causal, else 0 (see _sequence), no left side."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
+    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     q_smem = allocate_tiles(q_desc, STAGES)
     do_smem = allocate_tiles(do_desc, STAGES)
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -347,7 +362,7 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
     k_smem = allocate_tiles(k_desc, 2)
     v_smem = allocate_tiles(v_desc, 2)
-    BUFS: gl.constexpr = 2 if DQ_REDUCE else 1
+    BUFS: gl.constexpr = 2 if sw.DQ_REDUCE else 1
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * BUFS, BLOCK_N // 2, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], q_desc.dtype))
     dq_smem = gl.allocate_shared_memory(gl.float32, [BUFS, BLOCK_M // 64 * HEAD_DIM_PAD, 32], DQ_TILE_LAYOUT)
@@ -362,11 +377,10 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
         mbarrier.init(q_ready.index(i), count=2)  # Q's bytes, then the rows' LSE and delta
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=2)
-    if DQ_REDUCE:  # (no barrier set up that is never used: Triton may lay a conversion's scratch over a dead one)
+    if sw.DQ_REDUCE:  # (no barrier set up that is never used: Triton may lay a conversion's scratch over a dead one)
         for i in gl.static_range(2):
             mbarrier.init(ds_ready.index(i), count=2)
             mbarrier.init(ds_free.index(i), count=2)
-    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_REDUCE=DQ_REDUCE, IS_VARLEN=IS_VARLEN)
     smem = Smem(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready,
                 q_free, ds_ready, ds_free)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
@@ -374,35 +388,35 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
                as_tensor(stride_dvn), as_tensor(stride_dvh), as_tensor(stride_dqb), as_tensor(stride_dqh))
     # a batch-mode cu_seqlens (None) cannot sit in an aggregate: each partition takes the two beside it
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
-        (_consumer, (1, sw, smem, vw, gr, dQacc, diag, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_consumer, (0, sw, smem, vw, gr, dQacc, diag, diag_left, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_consumer, (1, sw, smem, vw, gr, dQacc, diag, diag_left, group, qk_scale, cu_seqlens_q, cu_seqlens_k)),
         (_load_partition, (sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, stride_lb, stride_lh,
-                           diag, group, cu_seqlens_q, cu_seqlens_k)),
+                           diag, diag_left, group, cu_seqlens_q, cu_seqlens_k)),
     ], [4, 1], [REGS, 24])
 
 
 def supports(q, k, v, dout, window_size):
-    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only): a head dim of 16-byte
-    rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a configs.BWD_HOPPER entry, bf16/fp16,
-    full or causal, views a descriptor can read (dO addressed like Q: the loader reads both at the same
-    coordinates)."""
+    """Calls the sm90 backward covers, in batch mode (any window) or packed (3-D q, k, v: full or causal, the one pass
+    only): a head dim of 16-byte rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a
+    configs.BWD_HOPPER entry, bf16/fp16, views a descriptor can read (dO addressed like Q: the loader reads both at the
+    same coordinates)."""
+    varlen = q.dim() == 3
     if not (GLUON_VERSION_OK and q.dim() in (3, 4) and q.shape[-1] % 8 == 0
-            and (head_dim_pad(q.shape[-1]), window_size[1] == 0) in configs.BWD_HOPPER
-            and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0 and window_size[1] in (-1, 0)
+            and (head_dim_pad(q.shape[-1]), False) in configs.BWD_HOPPER and q.dtype in (torch.bfloat16, torch.float16)
+            and (not varlen or (window_size[0] < 0 and window_size[1] in (-1, 0)))
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
         return False
-    varlen = q.dim() == 3
     layout_q, layout_k = view_layout(q, varlen), view_layout(k, varlen)
     return same_rows(view_layout(dout, varlen), layout_q) and same_rows(view_layout(v, varlen), layout_k)
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
-                dq_acc=None, packed=None):
+                dq_acc=None, packed=None, window_size=None):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim and causal flag);
     ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
-    or None."""
+    or None. ``window_size`` (batch mode): as bwd_dq.band's."""
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
@@ -410,7 +424,10 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
         q, k, v, dout, block_m, block_n // 2, packed is not None)
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
     batch = q.shape[0] if packed is None else cu_seqlens_q.numel() - 1
-    diag = (1 if packed else seqlen_k - seqlen_q) if bottom_right else 0  # packed: each sequence's (_sequence)
+    if packed:  # diag: 1 for each sequence's own diagonal (_sequence), else 0
+        mask_right, mask_left, diag, diag_left = causal, False, int(bottom_right), 0
+    else:
+        mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
     grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
@@ -419,10 +436,10 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     lse_strides = (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
     args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, nheads // nheads_k,
-            softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
-    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
-                  STAGES=config.num_stages, CAUSAL=causal, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None,
+            *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
+            nheads // nheads_k, softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
+    switches = BwdSwitches(mask_right, mask_left, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None)
+    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, SWITCHES=switches,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
@@ -456,7 +473,7 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None, sinks=None, packed=None, replays=None, found=None):
+                      config=None, dlse=None, sinks=None, packed=None, replays=None, found=None, window_size=None):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
@@ -466,7 +483,8 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors,
     offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
-    same launch keys hands back as ``replays`` to launch them without their lookups.
+    same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size`` (batch mode,
+    (left, right)): a sliding window instead of ``causal``'s mask (bwd_dq.band).
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
     design = config.design(deterministic)
@@ -477,7 +495,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
                                                                    zeroed=dq_acc_shape(q, config, packed), dlse=dlse,
                                                                    sinks=sinks, replay=pre, found=found)
         _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc, packed,
-                     dkdv, found)
+                     dkdv, found, window_size)
         portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q, cast, found)
         return delta, sink_parts
     if packed is not None:
@@ -486,16 +504,17 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse, sinks=sinks)
                             if delta_in else (torch.empty_like(lse), None, None))
     bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
-                            delta_in)
-    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config)
+                            delta_in, window_size)
+    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
+                 window_size=window_size)
     return delta, sink_parts
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None,
-                 packed=None, replay=None, found=None):
+                 packed=None, replay=None, found=None, window_size=None):
     """The dK/dV launch of ``config`` (kernels/hopper/bwd_split.py with ``split_gradients``), replayed after a key's
-    first call (kernels/common/replay.py); ``packed`` as launch_bwd_hopper's; ``replay``, ``found`` as
-    portable_bwd.launch_preprocess's."""
+    first call (kernels/common/replay.py); ``packed``, ``window_size`` as launch_bwd_hopper's; ``replay``, ``found``
+    as portable_bwd.launch_preprocess's."""
     tensors = (q, k, v, dout, dk, dv, lse, delta)
     cu_seqlens = () if packed is None else tuple(packed[:2])
     if config.split_gradients:
@@ -510,11 +529,11 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
         replay.launch(q.device, tensors)
         return
     key = launch_key((q, k, v, dout, dk, dv, lse, delta, dq_acc) + cu_seqlens, softmax_scale, causal, bottom_right,
-                     config, None if packed is None else packed[2:])
+                     config, None if packed is None else packed[2:], window_size)
 
     def first():
         grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
-                                  *(() if dq_acc is None else (dq_acc, )), **({} if packed is None else
-                                                                             dict(packed=packed)))
+                                  *(() if dq_acc is None else (dq_acc, )), window_size=window_size,
+                                  **({} if packed is None else dict(packed=packed)))
         return Replay(kernel, grid, args, kwargs, slots)
     _REPLAYS.launch(key, q.device, tensors, first, found)

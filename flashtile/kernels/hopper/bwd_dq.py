@@ -10,6 +10,8 @@ stay and Q/dO stream.
 
 Tensors are read through the 2-D (rows, row stride) views of the Hopper forward (common.view_layout).
 """
+from typing import NamedTuple
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -37,29 +39,49 @@ from .common import (
 )
 
 
+class BwdSwitches(NamedTuple):
+    """A backward launch's compile-time switches, one constexpr argument of each sm90 backward kernel (band() and the
+    launchers set them): keys past a row's last visible one masked (causal, or a window's right side), keys before its
+    first visible one masked (a window's left side), delta given (the dQ kernel), dQ added by the copy engine (the
+    dK/dV kernel in one pass), packed sequences."""
+    MASK_RIGHT: bool
+    MASK_LEFT: bool = False
+    DELTA_IN: bool = False
+    DQ_REDUCE: bool = False
+    IS_VARLEN: bool = False
+
+
+def band(causal, window_size, seqlen_q, seqlen_k, bottom_right):
+    """(MASK_RIGHT, MASK_LEFT, diag, diag_left) of a batch-mode call: query i sees keys i + diag_left .. i + diag
+    (each bound only where its side is masked); ``window_size`` (left, right) or None (full, or causal by ``causal``),
+    aligned at the bottom right (diagonal seqlen_k − seqlen_q) or top left."""
+    left, right = window_size if window_size is not None else (-1, 0 if causal else -1)
+    base = seqlen_k - seqlen_q if bottom_right else 0
+    return right >= 0, left >= 0, base + max(right, 0), base - max(left, 0)
+
+
 @aggregate
 class Switches:
-    """What a backward launch fixes at compile time: the tiles (configs.HopperDqConfig, HopperBwdConfig), the mask;
-    for the dQ kernel whether delta comes given (DELTA_IN) or is computed here, for the dK/dV kernel
-    (kernels/hopper/bwd.py) whether it also adds dQ (DQ_REDUCE)."""
+    """What a backward launch fixes at compile time: the tiles (configs.HopperDqConfig, HopperBwdConfig) and its
+    BwdSwitches: the masks; for the dQ kernel whether delta comes given (DELTA_IN) or is computed here, for the dK/dV
+    kernel (kernels/hopper/bwd.py) whether it also adds dQ (DQ_REDUCE)."""
     HEAD_DIM_PAD: gl.constexpr  # the tiles' columns: HEAD_DIM, the tensors' head dim, rounded up to a power of two
     HEAD_DIM: gl.constexpr
     BLOCK_M: gl.constexpr  # Q rows: per program (dQ, half to each consumer warpgroup), per step (dK/dV)
     BLOCK_N: gl.constexpr  # keys: per K/V tile (dQ), per program (dK/dV, half to each consumer warpgroup)
     STAGES: gl.constexpr  # tiles in the ring: K/V (dQ), Q/dO (dK/dV)
-    CAUSAL: gl.constexpr
+    MASK_RIGHT: gl.constexpr
+    MASK_LEFT: gl.constexpr
     DELTA_IN: gl.constexpr
     DQ_REDUCE: gl.constexpr
     IS_VARLEN: gl.constexpr  # packed sequences (cu_seqlens): the dK/dV kernel's one pass
 
     @triton.constexpr_function
-    def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN=False, DQ_REDUCE=False,
-                 IS_VARLEN=False):
+    def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
         self.HEAD_DIM_PAD, self.HEAD_DIM = gl.constexpr(HEAD_DIM_PAD), gl.constexpr(HEAD_DIM)
-        self.BLOCK_M, self.BLOCK_N = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N)
-        self.STAGES, self.CAUSAL = gl.constexpr(STAGES), gl.constexpr(CAUSAL)
-        self.DELTA_IN, self.DQ_REDUCE = gl.constexpr(DELTA_IN), gl.constexpr(DQ_REDUCE)
-        self.IS_VARLEN = gl.constexpr(IS_VARLEN)
+        self.BLOCK_M, self.BLOCK_N, self.STAGES = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N), gl.constexpr(STAGES)
+        for name, value in BwdSwitches(*switches)._asdict().items():
+            setattr(self, name, gl.constexpr(value))
 
 
 @aggregate
@@ -109,39 +131,46 @@ class Operands:
 
 
 @gluon.jit
-def _program(nheads, group, vw, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(first row of the Q tile, batch, head, KV head, first Q and K row of the head in the 2-D views, K/V
-    tiles to visit, how many of them need no mask). Causal: the heaviest tiles of a head first."""
-    start_m = gl.program_id(0) * BLOCK_M
-    if CAUSAL:
-        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+def _program(sw, nheads, group, vw, diag, diag_left):
+    """(first row of the Q tile, batch, head, KV head, first Q and K row of the head in the 2-D views, and the K/V
+    tiles [lo, n_tiles) to visit, of which [full_lo, n_full) need no mask). Causal: the heaviest tiles of a head
+    first."""
+    start_m = gl.program_id(0) * sw.BLOCK_M
+    if sw.MASK_RIGHT:
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * sw.BLOCK_M
     b = gl.program_id(1) // nheads
     h = gl.program_id(1) % nheads
     h_k = h // group
     hi = vw.seqlen_k
     full_hi = vw.seqlen_k
-    if CAUSAL:
-        hi = gl.minimum(hi, start_m + BLOCK_M + diag)
+    if sw.MASK_RIGHT:
+        hi = gl.minimum(hi, start_m + sw.BLOCK_M + diag)
         full_hi = gl.minimum(full_hi, start_m + 1 + diag)
-    n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
-    n_full = gl.maximum(full_hi, 0) // BLOCK_N
-    return start_m, b, h, h_k, b * vw.q_rows_b + h * vw.q_rows_h, b * vw.k_rows_b + h_k * vw.k_rows_h, n_tiles, n_full
+    n_tiles = gl.cdiv(gl.maximum(hi, 0), sw.BLOCK_N)
+    n_full = gl.maximum(full_hi, 0) // sw.BLOCK_N
+    lo = 0
+    full_lo = 0
+    if sw.MASK_LEFT:  # the first key of the first row's window, and of the last row's
+        lo = gl.minimum(gl.maximum(start_m + diag_left, 0) // sw.BLOCK_N, n_tiles)
+        full_lo = gl.minimum(gl.cdiv(gl.maximum(start_m + sw.BLOCK_M - 1 + diag_left, 0), sw.BLOCK_N), n_tiles)
+        n_full = gl.maximum(n_full, full_lo)
+    return (start_m, b, h, h_k, b * vw.q_rows_b + h * vw.q_rows_h, b * vw.k_rows_b + h_k * vw.k_rows_h, lo, full_lo,
+            n_full, n_tiles)
 
 
 @gluon.jit
-def _load_partition(sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag):
+def _load_partition(sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag, diag_left):
     """One warp: each consumer's Q and dO rows once, then K and V of each tile into the next ring stage once
     both consumers freed it."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
-    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(nheads, group, vw, diag, sw.BLOCK_M, sw.BLOCK_N,
-                                                                 sw.CAUSAL)
+    start_m, b, h, h_k, q_row, k_row, lo, full_lo, n_full, n_tiles = _program(sw, nheads, group, vw, diag, diag_left)
     for i in gl.static_range(2):
         mbarrier.expect(smem.q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma_load(q_desc, q_row + start_m + i * HALF_M, h * vw.q_col_h, smem.q_bar.index(i), smem.q.index(i))
         tma_load(do_desc, q_row + start_m + i * HALF_M, h * vw.q_col_h, smem.q_bar.index(i), smem.do.index(i))
-    for j in range(n_tiles):
-        stage = j % sw.STAGES
-        mbarrier.wait(smem.kv_free.index(stage), ((j // sw.STAGES) & 1) ^ 1)
+    for j in range(lo, n_tiles):
+        stage = (j - lo) % sw.STAGES
+        mbarrier.wait(smem.kv_free.index(stage), (((j - lo) // sw.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.k_ready.index(stage), k_desc.block_type.nbytes)
         tma_load(k_desc, k_row + j * sw.BLOCK_N, h_k * vw.k_col_h, smem.k_ready.index(stage), smem.k.index(stage))
         mbarrier.expect(smem.v_ready.index(stage), v_desc.block_type.nbytes)
@@ -162,7 +191,7 @@ def _row_delta(O, do_tile, o_offset, stride_on, rows_start, seqlen_q, HALF_M: gl
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_scale):
+def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale):
     """One warpgroup, rows [start_m + half·64, +64): delta (or, DELTA_IN, its given value), then dQ over every K/V
     tile they may see."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
@@ -170,8 +199,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
     acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM_PAD)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
-    start_m, b, h, h_k, q_row, k_row, n_tiles, n_full = _program(nheads, group, vw, diag, sw.BLOCK_M, sw.BLOCK_N,
-                                                                 sw.CAUSAL)
+    start_m, b, h, h_k, q_row, k_row, lo, full_lo, n_full, n_tiles = _program(sw, nheads, group, vw, diag, diag_left)
     rows_start = start_m + half * HALF_M
     offs_m = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M] rows
     row_offset = b.to(gl.int64) * ops.stride_lb + h.to(gl.int64) * ops.stride_lh
@@ -189,9 +217,9 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
         gl.store(ops.Delta + row_offset + offs_m, delta, mask=offs_m < vw.seqlen_q)
     s_zero = gl.zeros([HALF_M, sw.BLOCK_N], gl.float32, layout=s_layout)
     dq = gl.zeros([HALF_M, sw.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
-    for j in range(n_tiles):
-        stage = j % sw.STAGES
-        phase = (j // sw.STAGES) & 1
+    for j in range(lo, n_tiles):
+        stage = (j - lo) % sw.STAGES
+        phase = ((j - lo) // sw.STAGES) & 1
         k_tile = smem.k.index(stage)
         mbarrier.wait(smem.k_ready.index(stage), phase)
         s = warpgroup_mma(q_half, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -199,11 +227,16 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
         dp = warpgroup_mma(do_half, smem.v.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))  # [HALF_M, BLOCK_N]
         p = gl.exp2(s * qk_scale - lse[:, None])
-        if j >= n_full:  # keys past the sequence, or (causal) past the diagonal
+        masked = j >= n_full  # keys past the sequence, or past a row's band
+        if sw.MASK_LEFT:
+            masked = masked | (j < full_lo)
+        if masked:
             offs_n = j * sw.BLOCK_N + gl.arange(0, sw.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             ok = offs_n[None, :] < vw.seqlen_k
-            if sw.CAUSAL:
+            if sw.MASK_RIGHT:
                 ok = ok & (offs_n[None, :] <= (offs_m + diag)[:, None])
+            if sw.MASK_LEFT:
+                ok = ok & (offs_n[None, :] >= (offs_m + diag_left)[:, None])
             p = gl.where(ok, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=(dp, ))  # [HALF_M, BLOCK_N]
         ds = p * (dp - delta[:, None])
@@ -218,11 +251,12 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, qk_sca
 @gluon.jit
 def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h,
                                q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_dqb,
-                               stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, qk_scale,
-                               softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN: gl.constexpr,
+                               stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, diag_left,
+                               qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SWITCHES: gl.constexpr,
                                REGS: gl.constexpr):
-    """Grid (Q tiles of BLOCK_M rows, batch · nheads)."""
+    """Grid (Q tiles of BLOCK_M rows, batch · nheads). Query i sees keys i + diag_left .. i + diag (SWITCHES, a
+    BwdSwitches: each bound where its side is masked)."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     q_smem = allocate_tiles(q_desc, 2)
     do_smem = allocate_tiles(do_desc, 2)
@@ -238,16 +272,16 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_free.index(i), count=2)
-    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DELTA_IN)
+    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     smem = Smem(q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_free)
     vw = views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k)
     ops = Operands(O, dQ, LSE, Delta, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh),
                    as_tensor(stride_dqb), as_tensor(stride_dqn), as_tensor(stride_dqh), as_tensor(stride_lb),
                    as_tensor(stride_lh), softmax_scale)
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, vw, ops, nheads, group, diag, qk_scale)),
-        (_consumer, (1, sw, smem, vw, ops, nheads, group, diag, qk_scale)),
-        (_load_partition, (sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag)),
+        (_consumer, (0, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale)),
+        (_consumer, (1, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale)),
+        (_load_partition, (sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag, diag_left)),
     ], [4, 1], [REGS, 24])
     # Released only here, so that no partition's scratch (delta's layout change) is placed in a barrier's bytes while
     # another partition may still wait on it: the allocator sees a barrier live up to its last use in the kernel.
@@ -271,36 +305,39 @@ def backward_descriptors(q, k, v, dout, q_block, k_block, varlen=False):
     return descs, head_coord(q_layout, q.shape[-1]), head_coord(k_layout, q.shape[-1])
 
 
-def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False):
+def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
+                window_size=None):
     """(grid, args, kwargs) of the dQ launch (batch mode, calls bwd_hopper.supports accepts); ``config`` a
     configs.HopperDqConfig. Writes delta into ``delta`` (shaped like lse), or with ``delta_in`` reads it from there,
-    and dQ into ``dq`` (shaped like q)."""
+    and dQ into ``dq`` (shaped like q). ``window_size``: as band's."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     (q_desc, k_desc, v_desc, do_desc), q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m // 2, block_n)
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
     grid = (cdiv(seqlen_q, block_m), batch * nheads)
     args = (q_desc, do_desc, k_desc, v_desc, out, dq, lse, delta, nheads, nheads // nheads_k, *q_rows, *k_rows,
             out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
-            softmax_scale * LOG2E.value, softmax_scale)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-                  STAGES=config.num_stages, CAUSAL=causal, DELTA_IN=delta_in, REGS=config.consumer_regs, num_warps=4,
-                  maxnreg=168)
+            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, diag, diag_left, softmax_scale * LOG2E.value,
+            softmax_scale)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages,
+                  SWITCHES=BwdSwitches(mask_right, mask_left, DELTA_IN=delta_in), REGS=config.consumer_regs,
+                  num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
 
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
-def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False):
+def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
+                     window_size=None):
     """dQ (and delta, unless ``delta_in``) by the launch of ``launch_args``, replayed after a key's first call."""
     tensors = (q, dout, k, v, out, dq, lse, delta)
-    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in)
+    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in, window_size)
 
     def first():
         grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right,
-                                         config, delta_in)
+                                         config, delta_in, window_size)
         return Replay(flash_bwd_dq_hopper_kernel, grid, args, kwargs,
                       ["q_desc", "do_desc", "k_desc", "v_desc", "O", "dQ", "LSE", "Delta"])
     _REPLAYS.launch(key, q.device, tensors, first)

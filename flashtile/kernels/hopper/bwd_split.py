@@ -21,7 +21,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LOG2E
 from ..common.tiles import cdiv
-from .bwd_dq import backward_descriptors
+from .bwd_dq import BwdSwitches, backward_descriptors, band
 from .common import (
     Views,
     allocate_tiles,
@@ -66,7 +66,8 @@ class Problem:
     nheads_k: gl.tensor
     group: gl.tensor
     views: Views
-    diag: gl.tensor  # causal: query i sees keys up to i + diag
+    diag: gl.tensor  # MASK_RIGHT: query i sees keys up to i + diag
+    diag_left: gl.tensor  # MASK_LEFT: ... and from i + diag_left
     qk_scale: gl.tensor  # softmax_scale · log2(e)
     LSE: gl.tensor
     Delta: gl.tensor
@@ -77,19 +78,22 @@ class Problem:
     BLOCK_M: gl.constexpr  # Q rows per step
     BLOCK_N: gl.constexpr  # keys per program
     STAGES: gl.constexpr
-    CAUSAL: gl.constexpr
+    MASK_RIGHT: gl.constexpr  # (bwd_dq.BwdSwitches)
+    MASK_LEFT: gl.constexpr
 
     @constexpr_function
-    def __init__(self, nheads_k, group, views, diag, qk_scale, LSE, Delta, stride_lb, stride_lh, HEAD_DIM_PAD, HEAD_DIM,
-                 BLOCK_M, BLOCK_N, STAGES, CAUSAL):
+    def __init__(self, nheads_k, group, views, diag, diag_left, qk_scale, LSE, Delta, stride_lb, stride_lh,
+                 HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
         self.nheads_k, self.group, self.views, self.diag, self.qk_scale = nheads_k, group, views, diag, qk_scale
+        self.diag_left = diag_left
         self.LSE, self.Delta, self.stride_lb, self.stride_lh = LSE, Delta, stride_lb, stride_lh
         self.HEAD_DIM_PAD = gl.constexpr(HEAD_DIM_PAD)
         self.HEAD_DIM = gl.constexpr(HEAD_DIM)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.STAGES = gl.constexpr(STAGES)
-        self.CAUSAL = gl.constexpr(CAUSAL)
+        self.MASK_RIGHT = gl.constexpr(BwdSwitches(*switches).MASK_RIGHT)
+        self.MASK_LEFT = gl.constexpr(BwdSwitches(*switches).MASK_LEFT)
 
     @gluon.jit
     def program(self):
@@ -101,9 +105,13 @@ class Problem:
         """(first Q tile, Q tiles a head): the Q tiles that see a key of the tile starting at start_n; a program
         steps through them for each query head of its group."""
         lo = 0
-        if self.CAUSAL:
+        if self.MASK_RIGHT:
             lo = gl.maximum(start_n - self.diag, 0) // self.BLOCK_M
-        return lo, gl.cdiv(self.views.seqlen_q, self.BLOCK_M) - lo
+        hi = gl.cdiv(self.views.seqlen_q, self.BLOCK_M)
+        if self.MASK_LEFT:  # the Q tile of the last row whose window starts at the tile's last key or before
+            hi = gl.maximum(gl.minimum(hi, gl.maximum(start_n + self.BLOCK_N - 1 - self.diag_left + self.BLOCK_M, 0)
+                                       // self.BLOCK_M), lo)
+        return lo, hi - lo
 
     @gluon.jit
     def row_stats(self, Stats, b, h, offs_m, other):
@@ -155,9 +163,18 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
         lse = pb.row_stats(pb.LSE, b, h_k * pb.group + t // n_m, offs_m, float("inf")) * LOG2E
         s_t = warpgroup_mma_wait(0, deps=(s_t, ))  # [BLOCK_N, BLOCK_M]
         p_t = gl.exp2(s_t * pb.qk_scale - lse[None, :])
-        if pb.CAUSAL:
-            if (last_key >= pb.views.seqlen_k) | (last_key > start_m + pb.diag):  # the diagonal, the end
-                ok = (offs_n < pb.views.seqlen_k)[:, None] & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
+        if pb.MASK_RIGHT or pb.MASK_LEFT:
+            cut = last_key >= pb.views.seqlen_k  # the end, the diagonal, the window's start
+            if pb.MASK_RIGHT:
+                cut = cut | (last_key > start_m + pb.diag)
+            if pb.MASK_LEFT:
+                cut = cut | (start_n < start_m + pb.BLOCK_M - 1 + pb.diag_left)
+            if cut:
+                ok = (offs_n < pb.views.seqlen_k)[:, None]
+                if pb.MASK_RIGHT:
+                    ok = ok & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
+                if pb.MASK_LEFT:
+                    ok = ok & (offs_n[:, None] >= (offs_m + pb.diag_left)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
         elif last_key >= pb.views.seqlen_k:  # the keys pass the sequence's end
             p_t = gl.where((offs_n < pb.views.seqlen_k)[:, None], p_t, 0.0)
@@ -211,10 +228,11 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
 def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, Delta, nheads_k, group, q_rows_b,
                                 q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
                                 stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag,
-                                qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                diag_left, qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SWITCHES: gl.constexpr,
                                 REGS: gl.constexpr):
-    """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k)."""
+    """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k). Query i sees keys i + diag_left .. i + diag (SWITCHES, a
+    bwd_dq.BwdSwitches: each bound where its side is masked)."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     dtype: gl.constexpr = q_desc.dtype
     bar: gl.constexpr = mbarrier.MBarrierLayout()
@@ -236,8 +254,8 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
         mbarrier.init(smem.p_free.index(i), count=1)
     pb = Problem(as_tensor(nheads_k), as_tensor(group),
                  views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k), as_tensor(diag),
-                 qk_scale, LSE, Delta, as_tensor(stride_lb), as_tensor(stride_lh), HEAD_DIM_PAD, HEAD_DIM, BLOCK_M,
-                 BLOCK_N, STAGES, CAUSAL)
+                 as_tensor(diag_left), qk_scale, LSE, Delta, as_tensor(stride_lb), as_tensor(stride_lh), HEAD_DIM_PAD,
+                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     gl.warp_specialize([
         (_dv_partition, (pb, smem, dV, stride_dvb, stride_dvn, stride_dvh)),
         (_dk_partition, (pb, smem, dK, stride_dkb, stride_dkn, stride_dkh, softmax_scale)),
@@ -245,18 +263,18 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
     ], [4, 1], [REGS, 24])
 
 
-def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config):
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, window_size=None):
     """(grid, args, kwargs) of the dK/dV launch (calls bwd_hopper.supports accepts); dk, dv shaped like k;
-    ``config`` a configs.HopperBwdConfig with split_gradients."""
+    ``config`` a configs.HopperBwdConfig with split_gradients; ``window_size``: as bwd_dq.band's."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k = q.shape[-2], k.shape[-2]
     descs, q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m, block_n)
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
     args = (*descs, dk, dv, lse, delta, nheads_k, nheads // nheads_k, *q_rows, *k_rows, dk.stride(0), dk.stride(1),
-            dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, seqlen_k - seqlen_q if bottom_right else 0,
-            softmax_scale * LOG2E.value, softmax_scale)
-    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
-                  STAGES=config.num_stages, CAUSAL=causal, REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+            dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), seqlen_q, seqlen_k,
+            diag, diag_left, softmax_scale * LOG2E.value, softmax_scale)
+    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages,
+                  SWITCHES=BwdSwitches(mask_right, mask_left), REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs

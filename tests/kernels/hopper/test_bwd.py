@@ -31,7 +31,7 @@ def test_backward_launch_arguments():
         assert (values["seqlen_q"], values["seqlen_k"], values["diag"], values["group"]) == (300, 500, diag, 4)
         assert (values["q_rows_b"], values["q_col_h"], values["k_rows_b"], values["k_col_h"]) == (300, 128, 500, 128)
         assert values["qk_scale"] == pytest.approx(0.1 * math.log2(math.e))  # dK's scale: qk_scale · ln 2
-        assert kwargs["CAUSAL"] and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
+        assert kwargs["SWITCHES"].MASK_RIGHT and kwargs["BLOCK_N"] == 128 and kwargs["BLOCK_M"] == 64
 
 
 def test_padded_head_dim_launch_arguments():
@@ -60,6 +60,37 @@ def test_padded_head_dim_launch_arguments():
         assert launch_args["HEAD_DIM"] == 96
 
 
+def test_window_launch_arguments():
+    """A sliding window (left, right), bottom-right aligned: query i sees keys i + diag_left .. i + diag, diag the
+    offset seqlen_k − seqlen_q plus right, diag_left that offset minus left, each side masked only where it is
+    bounded (BwdSwitches), in all three backward kernels; (-1, 0) is causal's, (-1, -1) masks nothing."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.hopper import bwd_dq, bwd_split
+    q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 8, 300)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    cases = {(100, 50): (True, True, 250, 100), (-1, 0): (True, False, 200, 200), (-1, -1): (False, False, 200, 200),
+             (128, -1): (False, True, 200, 72)}
+    assert bwd_dq.band(True, None, 300, 500, True) == (True, False, 200, 200)
+    assert bwd_dq.band(False, (100, 50), 300, 500, False) == (True, True, 50, -100)
+    for window, (right, left, diag, diag_left) in cases.items():
+        assert bwd_dq.band(False, window, 300, 500, True) == (right, left, diag, diag_left)
+        for make, kernel in ((lambda: bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, False, True,
+                                                              window_size=window),
+                              bwd_hopper.flash_bwd_dkdv_hopper_kernel),
+                             (lambda: bwd_dq.launch_args(q, k, v, q, q, q, lse, lse, 0.1, False, True,
+                                                         configs.HopperDqConfig(), window_size=window),
+                              bwd_dq.flash_bwd_dq_hopper_kernel),
+                             (lambda: bwd_split.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, False, True,
+                                                            configs.BWD_HOPPER[(256, False)], window),
+                              bwd_split.flash_bwd_dkdv_split_kernel)):
+            _, args, kwargs = make()
+            values = dict(zip(kernel.arg_names, args))
+            assert (values["diag"], values["diag_left"]) == (diag, diag_left), (window, kernel)
+            assert (kwargs["SWITCHES"].MASK_RIGHT, kwargs["SWITCHES"].MASK_LEFT) == (right, left), (window, kernel)
+
+
 def test_packed_launch_arguments():
     """Packed sequences (3-D q, k, v): the grid covers the longest sequence's keys for every (sequence, KV head); the
     kernel takes cu_seqlens, the longest lengths (it bounds each sequence's by them), the bottom-right flag as diag,
@@ -77,7 +108,7 @@ def test_packed_launch_arguments():
     grid, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, True, True, config, dq_acc,
                                                 packed=packed)
     values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
-    assert grid == (3, 2, 2) and kwargs["IS_VARLEN"] and kwargs["DQ_REDUCE"]
+    assert grid == (3, 2, 2) and kwargs["SWITCHES"].IS_VARLEN and kwargs["SWITCHES"].DQ_REDUCE
     assert (values["seqlen_q"], values["seqlen_k"], values["diag"]) == (200, 260, 1)
     assert values["cu_seqlens_q"] is cu_q and values["cu_seqlens_k"] is cu_k
     assert (values["stride_dkb"], values["stride_dkn"], values["stride_dkh"]) == (0, 256, 128)
@@ -90,9 +121,9 @@ def test_packed_launch_arguments():
 
 def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
-    and head dims of 16-byte rows in tiles of those (40, 80, 96, 192) with their tiles' configs; "portable" never;
-    packed sequences where the design is the one pass (D=64, 128, not deterministic); other head dims (rows not of
-    16 bytes, tiles of 32 columns) and windows stay portable."""
+    with any window, and head dims of 16-byte rows in tiles of those (40, 80, 96, 192) with their tiles' configs;
+    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic), full or causal;
+    other head dims (rows not of 16 bytes, tiles of 32 columns) stay portable."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     ok = GLUON_VERSION_OK
@@ -113,7 +144,9 @@ def test_backward_dispatch(monkeypatch):
         assert taken("auto", 4096, head_dim) == taken("auto", 4096, head_dim, (-1, -1)) == ok
     assert not taken("auto", 4096, head_dim=59) and not taken("auto", 4096, head_dim=24)
     assert taken("auto", 4096, head_dim=96, packed=True) == ok and not taken("auto", 4096, head_dim=192, packed=True)
-    assert not taken("auto", 4096, window=(256, 0))
+    for window in ((256, 0), (100, 100), (128, -1), (-1, 64)):
+        assert taken("auto", 4096, window=window) == taken("auto", 4096, 256, window) == ok
+        assert not taken("auto", 4096, window=window, packed=True)
     assert taken("auto", 4096, packed=True) == taken("auto", 4096, head_dim=64, packed=True) == ok
     assert not taken("auto", 4096, packed=True, deterministic=True)
     assert not taken("auto", 4096, head_dim=256, packed=True)
@@ -136,7 +169,8 @@ def test_supports_reads_do_like_q_and_v_like_k():
     assert not bwd_hopper.supports(q, k[..., :64], v[..., :64], dout, (-1, 0))  # rows of 64 columns in a 128 stride
     unaligned = torch.randn(2 * 64 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 4, 128)
     assert not bwd_hopper.supports(q, k, v, unaligned, (-1, 0))
-    assert not bwd_hopper.supports(q, k, v, dout, (128, 0))  # a sliding window
+    assert bwd_hopper.supports(q, k, v, dout, (128, 0))  # a sliding window: batch mode only
+    assert not bwd_hopper.supports(*(t.flatten(0, 1) for t in (q, k, v, dout)), (128, 0))
     packed = torch.randn(2, 64, 3, 4, 128, dtype=torch.bfloat16)  # flash_attn_qkvpacked_func's, or a fused projection's
     assert bwd_hopper.supports(*packed.unbind(2), dout, (-1, 0))
 
@@ -178,11 +212,11 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal)
     config = table[(128, causal)]
     dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, dq_args))
     assert dq_named["dQ"] is grads[0] and dq_named["O"] is out and dq_named["LSE"] is lse
-    assert dq_kwargs["CAUSAL"] == causal and dq_kwargs["BLOCK_N"] == 128 and dq_kwargs["BLOCK_M"] == 128
+    assert dq_kwargs["SWITCHES"].MASK_RIGHT == causal and dq_kwargs["BLOCK_N"] == 128 and dq_kwargs["BLOCK_M"] == 128
     delta = dq_named["Delta"]
     named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
     assert named["Delta"] is delta and named["dK"] is grads[1] and named["dV"] is grads[2]
-    assert calls[1][2]["CAUSAL"] == causal and calls[1][2]["STAGES"] == config.num_stages
+    assert calls[1][2]["SWITCHES"].MASK_RIGHT == causal and calls[1][2]["STAGES"] == config.num_stages
 
 
 @pytest.mark.parametrize("dlse", [False, True], ids=["plain", "dlse"])
@@ -219,13 +253,13 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     assert [c[0] for c in calls] == (["preprocess"] if dlse else []) + ["dq", "split"]
     config = configs.BWD_HOPPER[(256, causal)]
     dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, calls[-2][1]))
-    assert calls[-2][2]["DELTA_IN"] == dlse and calls[-2][2]["BLOCK_N"] == config.dq_hopper.block_n
+    assert calls[-2][2]["SWITCHES"].DELTA_IN == dlse and calls[-2][2]["BLOCK_N"] == config.dq_hopper.block_n
     named = dict(zip(bwd_split_hopper.flash_bwd_dkdv_split_kernel.arg_names, calls[-1][1]))
     assert named["Delta"] is dq_named["Delta"] and named["dK"] is grads[1] and named["dV"] is grads[2]
     if dlse:  # the preprocess launch subtracts dLSE itself; its delta is what the kernels read
         assert calls[0][2]["dlse"] is dlse_t and named["Delta"] is preprocessed[0]
     assert named["group"] == 4 and named["nheads_k"] == 2 and named["seqlen_k"] == 300
-    assert calls[-1][2]["CAUSAL"] == causal and calls[-1][2]["BLOCK_N"] == config.block_n == 64
+    assert calls[-1][2]["SWITCHES"].MASK_RIGHT == causal and calls[-1][2]["BLOCK_N"] == config.block_n == 64
 
 
 def test_hopper_backward_configs_can_run_deterministically():
@@ -274,14 +308,14 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
     bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, deterministic)
     if deterministic:
         assert [c[0] for c in calls] == ["dq", "dkdv"]
-        assert not calls[1][2]["DQ_REDUCE"]
+        assert not calls[1][2]["SWITCHES"].DQ_REDUCE
         return
     assert [c[0] for c in calls] == ["preprocess", "dkdv", "cast"]
     block_m = table[(128, causal)].block_m
     assert calls[0][2]["zeroed"] == (2, 4, -(-200 // block_m) * block_m, 128)
     named = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, calls[1][1]))
     dq_acc = calls[2][1][0]  # what the cast reads: the preprocess's zeroed tensor
-    assert calls[1][2]["DQ_REDUCE"] and dq_acc.shape == calls[0][2]["zeroed"]
+    assert calls[1][2]["SWITCHES"].DQ_REDUCE and dq_acc.shape == calls[0][2]["zeroed"]
     desc = named["dQacc"]  # the reduce's view of it: rows of 32 floats, a [128, 32] box per warpgroup and step
     assert desc.base.data_ptr() == dq_acc.data_ptr() and desc.shape == [dq_acc.numel() // 32, 32]
     assert desc.block_shape == [128, 32]
@@ -410,6 +444,41 @@ def test_gradients_wide_heads(head_dim, shape, causal, dtype):
     """D=256 and D=192 (in its tiles): the dQ kernel, then one warpgroup per gradient (kernels/hopper/bwd_split.py)."""
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
+
+
+WINDOWS = [(256, 0), (100, 100), (128, -1), (-1, 64), (0, 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2], SHAPES[4]], ids=shape_id)
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
+def test_window_gradients(head_dim, shape, window, bwd_path):
+    """A sliding window (left, right) on the sm90 backward, either design (the forward runs the portable kernel): a
+    causal window, a symmetric one, one side only, a single key; Nq < Nk and Nq > Nk (bottom-right), GQA, ragged
+    lengths; every gradient against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    q, k = randn(1, seqlen_q, nheads, head_dim, dtype=torch.bfloat16), randn(1, seqlen_k, nheads_k, head_dim,
+                                                                              dtype=torch.bfloat16)
+    assert dispatch.backward(q, k, k, q, window, False).kernel == "hopper/bwd.py"
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, torch.bfloat16, window_size=window)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("head_dim", [128, 256], ids=lambda d: f"d{d}")
+def test_window_deterministic(head_dim):
+    """deterministic=True with a window: the two kernels, bitwise equal run to run, and right."""
+    q, dout = (randn(2, 3001, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(2, 2000, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    window = (300, 0)
+    runs = [gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, window_size=window, deterministic=True),
+                      (q, k, v), dout) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, window_size=window)[0], (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: torch_attention(q, k, v, False, window), (q, k, v), dout)
+    assert_grads_close(runs[0], ref, base)
 
 
 @pytest.mark.gpu
