@@ -4,6 +4,7 @@
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
+#        [window-bench]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -130,6 +131,13 @@ for step in "$@"; do
       timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \
         --peers flashtile "flashtile (portable)" FA4 cuDNN "FA2 (SDPA flash)" --out "$out/bench-padded" 2>&1 \
         | grep "^|" | tee "$out/padded-bench.log" ;;
+    window-bench)  # sliding windows: the sm90 backward against the portable kernels (the path before) and FA4 (where
+      # PYTHONPATH has it); the forward is the portable kernel's in both flashtile columns
+      for w in "256 0" "4096 0"; do
+        timeout 140 python3 -m flashtile.bench --backward --window $w --head-dims 64 128 --seqlens 4096 16384 \
+          --rounds 1 --peers flashtile "flashtile (portable)" FA4 --out "$out/bench-window-${w// /_}" 2>&1 \
+          | grep "^|" | tee -a "$out/window-bench.log"
+      done ;;
     kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their
       # GPU tests (replays at new and old addresses, claims under CUDA graphs, the eager step), then small calls
       timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \

@@ -28,8 +28,25 @@ def progress(items, desc):
 
 
 def fwd_flops(batch, nheads, seqlen_q, seqlen_k, head_dim, causal):
+    """The forward's FLOPs: half the full count where causal; with a sliding window (left, right), bottom-right aligned,
+    those of the (query, key) pairs it leaves."""
+    if isinstance(causal, (tuple, list)):
+        left, right = causal
+        diag, pairs = seqlen_k - seqlen_q, 0
+        for i in range(seqlen_q):
+            lo = max(i + diag - left, 0) if left >= 0 else 0
+            hi = min(i + diag + right, seqlen_k - 1) if right >= 0 else seqlen_k - 1
+            pairs += max(hi - lo + 1, 0)
+        return 4 * batch * nheads * pairs * head_dim
     flops = 4 * batch * nheads * seqlen_q * seqlen_k * head_dim
     return flops / 2 if causal else flops
+
+
+def mask_name(causal):
+    """A bench mask as the tables print it: yes, no, or the window (left, right)."""
+    if isinstance(causal, (tuple, list)):
+        return f"window ({causal[0]}, {causal[1]})"
+    return "yes" if causal else "no"
 
 
 def bench_ms(fn, warmup=25, rep=100):
@@ -212,7 +229,7 @@ def table(rows, peers, key="tflops", error_key="error"):
         ours = cells.get("flashtile", {}).get(key)
         ratio = f"{ours / max(others):.2f}" if ours and others else "–"
         heads = f"{b}×{h}" if h_k == h else f"{b}×{h}/{h_k}"
-        lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {heads} | {inputs} | " + " | ".join(shown)
+        lines.append(f"| {d} | {mask_name(causal)} | {n} | {heads} | {inputs} | " + " | ".join(shown)
                      + f" | {ratio} |")
     return "\n".join(lines)
 
@@ -224,7 +241,9 @@ def host_bound(rows, share=0.9):
     for r in sorted(rows, key=lambda r: (_shape_key(r), r["peer"])):
         host, total = r.get("fwdbwd_host_ms"), r.get("fwdbwd_ms")
         if host and total and host >= share * total:
-            lines.append(f"- {r['peer']}, D={r['head_dim']} {'causal' if r['causal'] else 'non-causal'} "
+            masked = mask_name(r["causal"]) if isinstance(r["causal"], (tuple, list)) else (
+                "causal" if r["causal"] else "non-causal")
+            lines.append(f"- {r['peer']}, D={r['head_dim']} {masked} "
                          f"N={r['seqlen']}: {host:.3f} ms of host time a step against {total:.3f} ms timed")
     return "\n".join(lines)
 
@@ -254,7 +273,7 @@ def plot(rows, peers, path, key="tflops", what="forward"):
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=peer, linewidth=2.5 if peer == "flashtile" else 1.2)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"D={d}, {'causal' if causal else 'non-causal'}")
+        ax.set_title(f"D={d}, causal {mask_name(causal)}")
         ax.set_xlabel("sequence length N (B·N = 16k)")
         ax.set_ylabel(f"TFLOP/s (bf16 {what})")
         ax.grid(alpha=0.3)
@@ -268,6 +287,8 @@ def main(argv=None):
     parser.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    parser.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"),
+                        help="a sliding window (flash-attn's window_size, -1 unbounded) instead of --causal")
     parser.add_argument("--inputs", nargs="+", default=["random"], choices=inputs.KINDS,
                         help="input distributions (flashtile/bench/inputs.py)")
     parser.add_argument("--gqa", action="store_true", help="also B=2, N=8k, 32 query / 8 KV heads, D=128")
@@ -284,6 +305,8 @@ def main(argv=None):
     require_gpu("python -m flashtile.bench")
     os.makedirs(args.out, exist_ok=True)
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    if args.window:
+        causals = [tuple(args.window)]
     started = time.time()
     warm_gpu(args.warm_gpu)
     rows = run_grid(list(grid(args.seqlens, args.head_dims, causals, args.inputs, args.gqa)), args.peers, args.warmup,

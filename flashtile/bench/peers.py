@@ -1,11 +1,23 @@
-"""The attention implementations users pick today. Each entry makes (prepare, run): ``prepare`` turns
-flash-attn layout (batch, seqlen, nheads, headdim) inputs into fresh leaf tensors in the peer's own
-layout, outside the timed call; ``run(q, k, v)`` is what gets timed."""
+"""The attention implementations users pick today. Each entry makes (prepare, run) for a mask (``causal``: True, False,
+or a sliding window (left, right) where the peer takes one): ``prepare`` turns flash-attn layout (batch, seqlen,
+nheads, headdim) inputs into fresh leaf tensors in the peer's own layout, outside the timed call; ``run(q, k, v)`` is
+what gets timed."""
 from dataclasses import replace
 
 import torch.nn.functional as F
 
 from .. import reference
+
+
+def window_of(causal):
+    """(causal flag, flash-attn window_size) of a bench mask: True, False or a window (left, right)."""
+    return (False, tuple(causal)) if isinstance(causal, (tuple, list)) else (bool(causal), (-1, -1))
+
+
+def no_window(name, causal):
+    """Raises for a peer that has no sliding window."""
+    if isinstance(causal, (tuple, list)):
+        raise NotImplementedError(f"{name} takes no sliding window")
 
 
 def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, sinks=False):
@@ -24,12 +36,14 @@ def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, 
         extra = (torch.randn(q.shape[2], device=q.device), ) if sinks else ()
         return q.detach(), k.detach(), v.detach(), *extra
 
+    flag, window = window_of(causal)
+
     def run(q, k, v, learnable_sink=None):
         configs.BWD_BACKEND = bwd_backend
         configs.BWD_HOPPER = table
         saved, configs.FWD_BACKEND = configs.FWD_BACKEND, backend
         try:
-            return flash_attn_func(q, k, v, causal=causal, learnable_sink=learnable_sink)
+            return flash_attn_func(q, k, v, causal=flag, window_size=window, learnable_sink=learnable_sink)
         finally:
             configs.FWD_BACKEND = saved
     return prepare, run
@@ -37,6 +51,7 @@ def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, 
 
 def sdpa_fwd(backend, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    no_window(backend, causal)
     chosen = getattr(SDPBackend, backend)
 
     def prepare(q, k, v):
@@ -51,6 +66,7 @@ def sdpa_fwd(backend, causal):
 def flex_fwd(causal):
     import torch._dynamo
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    no_window("FlexAttention", causal)
     torch._dynamo.config.cache_size_limit = 1000
     torch._dynamo.config.accumulated_cache_size_limit = 1000
     compiled = torch.compile(flex_attention, dynamic=False)
@@ -71,20 +87,24 @@ def fa4_fwd(causal):
     """flash-attn-4 (CuTe DSL), where installed (its wheels on the device: docs/perf/backward.md, "FA4 on the
     device")."""
     from flash_attn.cute.interface import flash_attn_func as fa4
+    flag, window = window_of(causal)
+    window = tuple(None if w < 0 else w for w in window)  # FA4's unbounded side is None
 
     def prepare(q, k, v):
         return q.detach(), k.detach(), v.detach()
 
     def run(q, k, v):
-        out = fa4(q, k, v, causal=causal)
+        out = fa4(q, k, v, causal=flag, window_size=window)
         return out[0] if isinstance(out, tuple) else out
     return prepare, run
 
 
 def naive_fwd(causal):
+    flag, window = window_of(causal)
+
     def prepare(q, k, v):
         return q.detach(), k.detach(), v.detach()
-    return prepare, lambda q, k, v: reference.attention(q, k, v, causal=causal, upcast=False)[0]
+    return prepare, lambda q, k, v: reference.attention(q, k, v, causal=flag, window_size=window, upcast=False)[0]
 
 
 FORWARD = {

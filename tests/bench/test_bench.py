@@ -254,3 +254,19 @@ def test_host_time_is_what_issuing_the_calls_takes_between_two_syncs():
             dict(shape, peer="FA4", fwdbwd_ms=0.70, fwdbwd_host_ms=0.40),
             dict(shape, peer="cuDNN", fwdbwd_ms=None, fwdbwd_host_ms=None)]
     assert host_bound(rows) == "- flashtile, D=128 causal N=1024: 0.850 ms of host time a step against 0.900 ms timed"
+
+
+def test_a_window_counts_the_pairs_it_leaves_and_names_itself():
+    """--window: the FLOPs of the (query, key) pairs a sliding window leaves, bottom-right aligned ((-1, 0) is
+    causal's count, exactly: N(N+1)/2 pairs), the window named in the table; peers without windows say so."""
+    from flashtile.bench.__main__ import fwd_flops, mask_name
+    from flashtile.bench.peers import FORWARD
+    assert fwd_flops(1, 1, 4, 4, 1, (-1, 0)) == 4 * 10 and fwd_flops(1, 1, 4, 4, 1, (-1, -1)) == 4 * 16
+    assert fwd_flops(1, 1, 4, 4, 1, (1, 0)) == 4 * 7 and fwd_flops(1, 1, 2, 4, 1, (0, 0)) == 4 * 2
+    assert fwd_flops(2, 3, 4, 6, 8, (1, 1)) == 2 * 3 * 8 * 4 * 11  # row i sees keys i+1 .. i+3 of 6
+    assert mask_name((256, 0)) == "window (256, 0)" and mask_name(True) == "yes"
+    shape = dict(head_dim=64, causal=(256, 0), seqlen=4096, batch=4, nheads=32)
+    rows = [dict(shape, peer="flashtile", tflops=300.0), dict(shape, peer="cuDNN", tflops=None, error="no window")]
+    assert table(rows, ["flashtile", "cuDNN"]).splitlines()[-1].startswith("| 64 | window (256, 0) | 4096 |")
+    with pytest.raises(NotImplementedError, match="no sliding window"):
+        FORWARD["cuDNN"]((256, 0))
