@@ -136,11 +136,13 @@ def backward_plans():
 
 def _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device="cpu", dtype=torch.bfloat16):
     """(q, k, window) of a flash_attn_func call of that shape as the kernels see it (the head dim ops.pad_head_dim pads
-    to a multiple of 8), new tensors (k stands for v and q for dO too)."""
+    to a multiple of 8, the window checks.window makes), new tensors (k stands for v and q for dO too); ``causal``
+    True, False or a sliding window (left, right)."""
+    from .checks import window
     from .ops import pad_head_dim
     q, k = pad_head_dim(torch.empty(batch, seqlen, nheads, head_dim, device=device, dtype=dtype),
                         torch.empty(batch, seqlen, nheads_k, head_dim, device=device, dtype=dtype))
-    return q, k, (-1, 0) if causal else (-1, -1)
+    return q, k, window(causal if isinstance(causal, tuple) else (-1, -1), causal is True)
 
 
 def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
@@ -158,7 +160,9 @@ def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
     from . import dispatch
     q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal)
     config = dispatch.hopper_forward_pick(q, k, k, window)
-    return None if config is None else (config, dispatch.hopper("fwd_launch").switches(q, k, k, causal, config))
+    return None if config is None else (config, dispatch.hopper("fwd_launch").switches(q, k, k,
+                                                                                       dispatch.is_causal(window),
+                                                                                       config))
 
 
 def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
@@ -186,22 +190,24 @@ def info(args):
     kv_heads = args.kv_heads or args.heads
     if args.heads % kv_heads:
         args.parser.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
-    forward, backward = call_plans(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, args.causal,
+    mask = tuple(args.window) if args.window else args.causal  # (the helpers take either)
+    forward, backward = call_plans(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask,
                                    args.deterministic)
     print(f"flash_attn_func on (batch {args.batch}, seqlen {args.seqlen}, heads {args.heads}/{kv_heads}, head dim "
-          f"{args.head_dim}{', causal' if args.causal else ''}) here runs, in flashtile/:")
+          f"{args.head_dim}{f', window {mask}' if args.window else ', causal' if args.causal else ''}) here runs, in "
+          "flashtile/:")
     print(f"  forward: {forward}")
     print(f"  backward: {backward}")
     print(f"  decode, one new token over {args.cache_len} cached keys (flash_attn_with_kvcache): "
           f"{decode_plan(args.batch, args.cache_len, args.heads, kv_heads, args.head_dim)}")
-    hopper = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, args.causal)
+    hopper = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask)
     if hopper is None:
         print("on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/portable/fwd.py")
     else:
         config = ", ".join(f"{name}={value!r}" for name, value in vars(hopper[0]).items() if name != "below")
         print(f"on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/hopper/fwd.py with "
               f"{type(hopper[0]).__name__}({config}), compiled with {hopper[1]}")
-    hopper = sm90_backward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, args.causal,
+    hopper = sm90_backward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask,
                            args.deterministic)
     if hopper is None:
         print("on an sm90 GPU (H100, H200) in bf16 the backward runs kernels/portable/bwd.py")
@@ -210,7 +216,7 @@ def info(args):
     from .kernels.common.tiles import head_dim_pad
     tile = head_dim_pad(args.head_dim)
     if tile != args.head_dim and (hopper is not None or sm90_forward(args.batch, args.seqlen, args.heads, kv_heads,
-                                                                      args.head_dim, args.causal) is not None):
+                                                                      args.head_dim, mask) is not None):
         print(f"  (the sm90 kernels take head dim {args.head_dim} in tiles of {tile} columns, those of head dim "
               f"{tile}: the columns past {args.head_dim} are read as zeros)")
     if torch.cuda.is_available():
@@ -245,6 +251,8 @@ def main(argv=None):
     p_info.add_argument("--kv-heads", type=_positive_int, default=None, help="GQA/MQA (default: --heads)")
     p_info.add_argument("--head-dim", type=_positive_int, default=128)
     p_info.add_argument("--causal", action="store_true")
+    p_info.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"),
+                        help="a sliding window (flash-attn's window_size, -1 unbounded) instead of --causal")
     p_info.add_argument("--deterministic", action="store_true")
     p_info.add_argument("--cache-len", type=_positive_int, default=4096, help="keys in the cache, for the decode plan")
     p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")

@@ -112,6 +112,15 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
 
 
 
+def test_info_says_a_window_runs_the_sm90_backward_only(capsys):
+    """--window: on sm90 a sliding window's forward runs the portable kernel, its backward the sm90 one pass."""
+    assert cli.main(["info", "--window", "256", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "head dim 128, window (256, 0))" in out
+    assert "the forward runs kernels/portable/fwd.py" in out and "the backward runs, in kernels/, portable/bwd.py " \
+        "(delta, zeroed dQ) -> hopper/bwd.py" in out
+
+
 def test_info_says_a_padded_head_dim_runs_in_wider_tiles(capsys):
     """A head dim between powers of two runs on sm90 in the next one's tiles, and ``info`` says so; a power of two
     takes no such line."""
