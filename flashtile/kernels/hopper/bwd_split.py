@@ -92,8 +92,8 @@ class Problem:
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.STAGES = gl.constexpr(STAGES)
-        self.MASK_RIGHT = gl.constexpr(BwdSwitches(*switches).MASK_RIGHT)
-        self.MASK_LEFT = gl.constexpr(BwdSwitches(*switches).MASK_LEFT)
+        switches = BwdSwitches(*switches)
+        self.MASK_RIGHT, self.MASK_LEFT = gl.constexpr(switches.MASK_RIGHT), gl.constexpr(switches.MASK_LEFT)
 
     @gluon.jit
     def program(self):
