@@ -160,9 +160,9 @@ def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
     from . import dispatch
     q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal)
     config = dispatch.hopper_forward_pick(q, k, k, window)
-    return None if config is None else (config, dispatch.hopper("fwd_launch").switches(q, k, k,
-                                                                                       dispatch.is_causal(window),
-                                                                                       config))
+    if config is None:
+        return None
+    return config, dispatch.hopper("fwd_launch").switches(q, k, k, dispatch.is_causal(window), config, window)
 
 
 def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):

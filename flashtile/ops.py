@@ -98,7 +98,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     if plan.kernel == "hopper/fwd.py":
         fwd_launch = dispatch.hopper("fwd_launch")
         fwd_launch.launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                     dispatch.is_causal(window_size), bottom_right, plan.config, sinks, found)
+                                     dispatch.is_causal(window_size), bottom_right, plan.config, sinks, found,
+                                     window_size)
         again = fwd_launch.launch_again
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,

@@ -107,18 +107,21 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
         chain = configs.hopper_fwd_chain(configs.FWD_HOPPER[(head_dim_pad(head_dim), causal)])
         picked = next(c for c in chain if seqlen >= c.min_seqlen_q)
         assert f"block_m={picked.block_m}, block_n={picked.block_n}" in line and "below=" not in line
-        assert f"FwdSwitches(CAUSAL={causal}," in line
+        assert f"FwdSwitches(MASK_RIGHT={causal}, MASK_LEFT=False," in line
         assert f"FROZEN_MAX={picked.frozen_max}" in line
 
 
 
-def test_info_says_a_window_runs_the_sm90_backward_only(capsys):
-    """--window: on sm90 a sliding window's forward runs the portable kernel, its backward the sm90 one pass."""
+def test_info_says_a_window_runs_the_sm90_kernels(capsys):
+    """--window: on sm90 a sliding window runs the sm90 forward with both sides of the band masked (the non-causal
+    config, no FROZEN_MAX) and the sm90 backward's one pass."""
     assert cli.main(["info", "--window", "256", "0"]) == 0
     out = capsys.readouterr().out
     assert "head dim 128, window (256, 0))" in out
-    assert "the forward runs kernels/portable/fwd.py" in out and "the backward runs, in kernels/, portable/bwd.py " \
-        "(delta, zeroed dQ) -> hopper/bwd.py" in out
+    line = next(line for line in out.splitlines() if line.startswith("on an sm90 GPU"))
+    assert "kernels/hopper/fwd.py" in line and "FwdSwitches(MASK_RIGHT=True, MASK_LEFT=True," in line
+    assert "FROZEN_MAX=False" in line
+    assert "the backward runs, in kernels/, portable/bwd.py (delta, zeroed dQ) -> hopper/bwd.py" in out
 
 
 def test_info_says_a_padded_head_dim_runs_in_wider_tiles(capsys):

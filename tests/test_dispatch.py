@@ -43,11 +43,12 @@ def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
     q, k, v, dout = tensors(4096, 128)
     softcap = dispatch.forward(q, k, v, (-1, -1), softcap=30.0)
     assert softcap == dispatch.Plan("portable/fwd.py", configs.FWD_SM90[(128, False)])
-    assert dispatch.forward(q, k, v, (128, 0)).kernel == "portable/fwd.py"  # sliding window: the sm90 backward only
-    window = dispatch.backward(q, k, v, dout, (128, 0))
+    window = dispatch.backward(q, k, v, dout, (128, 0))  # sliding window: the sm90 kernels both ways (non-causal's)
     assert window == dispatch.Plan("hopper/bwd.py", configs.BWD_HOPPER[(128, False)], "one pass")
-    packed_window = [t.flatten(0, 1) for t in (q, k, v, dout)]
+    assert dispatch.forward(q, k, v, (128, 0)) == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(128, False)])
+    packed_window = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed with a window: portable both ways
     assert dispatch.backward(*packed_window, (128, 0), packed=True).kernel == "portable/bwd.py"
+    assert dispatch.forward(*packed_window[:3], (128, 0), 4096).kernel == "portable/fwd.py"
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed sequences: the one pass, not the two kernels
     assert dispatch.backward(*packed, (-1, -1), packed=True).kernel == "hopper/bwd.py"
     assert dispatch.backward(*packed, (-1, -1), packed=True, deterministic=True).kernel == "portable/bwd.py"
@@ -104,21 +105,27 @@ def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
     assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1)) is None
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, causal, monkeypatch):
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0)], ids=["full", "causal", "window"])
+def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, window, monkeypatch):
     """ops executes dispatch's plans: on sm90 (pretended) the forward and the backward reach the launchers of the
-    kernels/hopper modules that dispatch.hopper loads, with the plan's config (recorded here, nothing launched)."""
+    kernels/hopper modules that dispatch.hopper loads, with the plan's config and the window (recorded here, nothing
+    launched)."""
     from flashtile import ops
     calls = []
     fwd_launch, bwd = dispatch.hopper("fwd_launch"), dispatch.hopper("bwd")
-    monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", lambda *args: calls.append(("forward", args[11])))
+
+    def forward(*args):
+        assert args[9] == dispatch.is_causal(window) and args[-1] == window
+        calls.append(("forward", args[11]))
+    monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", forward)
 
     def backward(*args, **kwargs):
+        assert kwargs["window_size"] == window
         calls.append(("backward", args[-1]))
         return torch.zeros_like(args[5]), None
     monkeypatch.setattr(bwd, "launch_bwd_hopper", backward)
     q, k, v, dout = tensors(1024, 128)
-    window = (-1, 0) if causal else (-1, -1)
+    causal = dispatch.is_causal(window)
     out, lse = ops.attention_forward(q, k, v, 0.1, window, True)
     ops.attention_backward(dout, q, k, v, out, lse, 0.1, window, True, False)
     assert calls == [("forward", dispatch.forward(q, k, v, window).config),

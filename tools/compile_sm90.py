@@ -141,9 +141,10 @@ def compile_decode(head_dim, pad, cfg, paged, tma, rows):
     return dict(row, head_dim=head_dim, paged=paged, tma=tma, rows=rows)
 
 
-def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
+def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
-    whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)"""
+    whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)
+    ``window``: a sliding window (left, right) instead of the causal flag's mask."""
     import torch
 
     from flashtile.kernels.hopper import fwd as fwd_hopper
@@ -152,9 +153,10 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024):
     q, k, v = (torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(2, 4, seqlen)
     grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
-                                                cfg)
+                                                cfg, window_size=window)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
-                config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs)
+                config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs,
+                window=window)
 
 
 def _backward_inputs(head_dim, nheads_k):

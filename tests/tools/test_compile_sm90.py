@@ -209,6 +209,22 @@ def test_hopper_backward_compiles_with_a_window():
         assert not windowed["serialized"] and not windowed["mbarrier_reuse"] and windowed["local"] <= 80, windowed
 
 
+def test_hopper_forward_compiles_with_a_window():
+    """A sliding window (both sides, and open to the right) on each head dim's non-causal forward: the same products as
+    without it, within shared memory, wgmma asynchronous; D=64's three consumer warpgroups spill a few scalars, as
+    their causal mask does (test_hopper_forward_192_rows_compiles_for_sm90)."""
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernel is written against triton 3.6")
+    rows = _compiled_rows("[compile_sm90.compile_hopper_fwd(d, False, configs.FWD_HOPPER[(d, False)], 2048, w) "
+                          "for d in (64, 128, 256) for w in (None, (256, 0), (100, -1))]")
+    for plain, *windowed in zip(rows[::3], rows[1::3], rows[2::3]):
+        assert plain["window"] is None and [row["window"] for row in windowed] == [[256, 0], [100, -1]]
+        for row in windowed:
+            assert row["wgmma"] == plain["wgmma"] and row["shared"] <= SM90_SHARED_LIMIT, (row, plain)
+            assert not row["serialized"] and row["local"] <= (64 if row["head_dim"] == 64 else 28), row
+
+
 def test_hopper_forward_192_rows_compiles_for_sm90():
     """The forward with three consumer warpgroups (192-row tiles), causal too (its warpgroups stop at their
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers

@@ -32,6 +32,10 @@ everything before it overflows float32: a warpgroup whose O or row sums are then
 stores nothing and queues its rows in ``counter``; once every program is done, the launch's last one recomputes
 them exactly (kernels/hopper/exact_rows.py).
 
+A sliding window (MASK_LEFT, batch mode) makes an item start at the K/V tile that holds its first row's first key and
+masks the tiles that cross either side of the band; FROZEN_MAX is off there (a row's first tile may hold none of its
+keys).
+
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
 at the end of the tensor); scores of keys past the sequence are masked, and O rows past it are not
@@ -132,8 +136,8 @@ def _load_partition(sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, c
         claimed = 0
         while i < n_work:
             bh, m, two = lpt_item(i, side, pb.n_m, pb.n_bh, tail_heads)
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.tile(sw, bh, m, cu_seqlens_q,
-                                                                                    cu_seqlens_k)
+            start_m, b, h, q_row, k_row, sq, sk, diag, diag_left, n_tiles, full_lo, n_full = pb.tile(
+                sw, bh, m, cu_seqlens_q, cu_seqlens_k)
             g, claimed = _load_item(sw, ring, pb, q_desc, k_desc, v_desc, bh * pb.n_m + m, counter, side == 0,
                                     claimed, n_work, g, done, start_m, h, q_row, k_row, n_tiles)
             done += 1
@@ -148,7 +152,8 @@ def _load_partition(sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, c
             mbarrier.arrive(ring.q_bar.index(s))
     else:
         for w in range(n_items(pb.n_m, pb.n_bh, sw.SCHEDULE)):  # this program's items
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.item(sw, w, cu_seqlens_q, cu_seqlens_k)
+            start_m, b, h, q_row, k_row, sq, sk, diag, diag_left, n_tiles, full_lo, n_full = pb.item(
+                sw, w, cu_seqlens_q, cu_seqlens_k)
             if start_m < sq:
                 g, _ = _load_item(sw, ring, pb, q_desc, k_desc, v_desc, 0, counter, False, 0, 0, g, done, start_m, h,
                                   q_row, k_row, n_tiles)
@@ -156,15 +161,20 @@ def _load_partition(sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, c
 
 
 @gluon.jit
-def _scores(s, j, n_full, offs_m, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            s_layout: gl.constexpr):
-    """Tile j's scores, with keys past the sequence (and, causal, past the diagonal) at -inf."""
-    if j >= n_full:
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        if CAUSAL:  # one compare per score, against each row's last visible key
+def _scores(s, j, full_lo, n_full, offs_m, seqlen_k, diag, diag_left, sw, s_layout: gl.constexpr):
+    """Tile j's scores, with keys past the sequence, past the diagonal (MASK_RIGHT) and before a window's start
+    (MASK_LEFT) at -inf: only in tiles outside [full_lo, n_full)."""
+    masked = j >= n_full
+    if sw.MASK_LEFT:
+        masked = masked | (j < full_lo)
+    if masked:
+        offs_n = j * sw.BLOCK_N + gl.arange(0, sw.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        if sw.MASK_RIGHT:  # one compare per score, against each row's last visible key
             ok = offs_n[None, :] <= gl.minimum(offs_m + diag, seqlen_k - 1)[:, None]
         else:
             ok = offs_n[None, :] < seqlen_k
+        if sw.MASK_LEFT:
+            ok = ok & (offs_n[None, :] >= (offs_m + diag_left)[:, None])
         s = gl.where(ok, s, float("-inf"))
     return s
 
@@ -233,9 +243,10 @@ def _pass_tiles(k_ready, v_ready, k_free, v_free, turn, wg: gl.constexpr, g, tur
 
 
 @gluon.jit
-def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, n_tiles, n_full, g,
-                  turns, done):
-    """_consumer's work on one item: g K/V tiles and ``turns`` batches of products came before it, ``done`` items.
+def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, diag_left, n_tiles,
+                  full_lo, n_full, g, turns, done):
+    """_consumer's work on one item (Problem.tile's): g K/V tiles and ``turns`` batches of products came before it,
+    ``done`` items.
     Returns 1 where FROZEN_MAX's reference failed these rows (nothing of them stored), else 0."""
     NUM_WG: gl.constexpr = sw.BLOCK_M // WG_M
     s_layout: gl.constexpr = wgmma_layout(sw.BLOCK_N)
@@ -263,7 +274,8 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
         acc = gl.zeros([WG_M, sw.HEAD_DIM_PAD], gl.float32, layout=o_layout)
 
         n_own = n_tiles
-        if sw.CAUSAL and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end a 128-key tile or earlier
+        if sw.MASK_RIGHT and not sw.MASK_LEFT and NUM_WG > 2:  # 192-row tiles: the first warpgroups' rows end
+            # a 128-key tile or earlier (a window's items run whole: the scalars would spill)
             first = start_m + wg * WG_M
             n_own = gl.maximum(gl.cdiv(gl.minimum(sk, first + WG_M + diag), sw.BLOCK_N), 1)
             n_full = gl.maximum(gl.minimum(sk, first + 1 + diag), 0) // sw.BLOCK_N
@@ -293,9 +305,8 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
         if not sw.STAGE_K or n_own > 1:  # K read (STAGE_K: O goes through the item's last K tile)
             mbarrier.arrive(ring.k_free.index(g % sw.STAGES))
         with pl.scope("softmax"):
-            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, n_full, offs_m, sk, diag, sw.BLOCK_N,
-                                                                     sw.CAUSAL, s_layout), outs.qk_scale,
-                                                   sw.MAY_BE_EMPTY)
+            p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, _scores(s, 0, full_lo, n_full, offs_m, sk, diag, diag_left,
+                                                                     sw, s_layout), outs.qk_scale, sw.MAY_BE_EMPTY)
             l_i = _lane_sums(None, alpha, p, sw.BLOCK_N)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
@@ -332,11 +343,11 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
                 if sw.FROZEN_MAX:
                     if j % REBASE_EVERY == 1:
                         m_ref, l_i, alpha = _rebase(m_ref, l_i)
-                    p = gl.exp2(_scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
+                    p = gl.exp2(_scores(s, j, full_lo, n_full, offs_m, sk, diag, diag_left, sw, s_layout)
                                 * outs.qk_scale - m_ref[:, None])  # [WG_M, BLOCK_N]
                     l_i = _lane_sums(l_i, None, p, sw.BLOCK_N)
                 else:
-                    scores = _scores(s, j, n_full, offs_m, sk, diag, sw.BLOCK_N, sw.CAUSAL, s_layout)
+                    scores = _scores(s, j, full_lo, n_full, offs_m, sk, diag, diag_left, sw, s_layout)
                     p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, outs.qk_scale, sw.MAY_BE_EMPTY)
                     l_i = _lane_sums(l_i, alpha, p, sw.BLOCK_N)
             if sw.OVERLAP_PV:
@@ -431,11 +442,10 @@ def _consumer(wg: gl.constexpr, sw, ring, pb, outs, o_desc, counter, cu_seqlens_
     if sw.SCHEDULE == 3:  # items claimed as programs become free: the loader passes each tile's code
         code = _claimed(ring.code, ring.q_bar, wg, done)
         while code >= 0:
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.tile(sw, code // pb.n_m,
-                                                                                    code % pb.n_m, cu_seqlens_q,
-                                                                                    cu_seqlens_k)
-            bad = _consume_item(wg, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, n_tiles,
-                                n_full, g, turns, done)
+            start_m, b, h, q_row, k_row, sq, sk, diag, diag_left, n_tiles, full_lo, n_full = pb.tile(
+                sw, code // pb.n_m, code % pb.n_m, cu_seqlens_q, cu_seqlens_k)
+            bad = _consume_item(wg, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, diag_left,
+                                n_tiles, full_lo, n_full, g, turns, done)
             if sw.FROZEN_MAX:
                 if bad > 0:
                     push_redo(counter, (code * NUM_WG + wg))
@@ -445,10 +455,11 @@ def _consumer(wg: gl.constexpr, sw, ring, pb, outs, o_desc, counter, cu_seqlens_
             code = _claimed(ring.code, ring.q_bar, wg, done)
     else:
         for w in range(n_items(pb.n_m, pb.n_bh, sw.SCHEDULE)):  # this program's items
-            start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = pb.item(sw, w, cu_seqlens_q, cu_seqlens_k)
+            start_m, b, h, q_row, k_row, sq, sk, diag, diag_left, n_tiles, full_lo, n_full = pb.item(
+                sw, w, cu_seqlens_q, cu_seqlens_k)
             if start_m < sq:
-                bad = _consume_item(wg, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, n_tiles,
-                                    n_full, g, turns, done)
+                bad = _consume_item(wg, sw, ring, pb, outs, o_desc, start_m, b, h, q_row, sq, sk, diag, diag_left,
+                                    n_tiles, full_lo, n_full, g, turns, done)
                 if sw.FROZEN_MAX:
                     if bad > 0:
                         push_redo(counter, ((b * pb.nheads + h) * pb.n_m + start_m // sw.BLOCK_M) * NUM_WG + wg)
@@ -463,31 +474,32 @@ def _consumer(wg: gl.constexpr, sw, ring, pb, outs, o_desc, counter, cu_seqlens_
 def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width,
                             cu_seqlens_q, cu_seqlens_k, counter, tail_heads, q_rows_b, q_rows_h, q_col_h, k_rows_b,
                             k_rows_h, k_col_h, stride_ob, stride_on, stride_oh,
-                            stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale,
-                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                            SWITCHES: gl.constexpr, REGS: gl.constexpr):
+                            stride_lb, stride_lh, seqlen_q, seqlen_k, nheads, group, n_m, n_bh, qk_scale, right, left,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SWITCHES: gl.constexpr):
     """1-D grid over the n_m Q tiles (SCHEDULE 2) or ⌈n_m / 2⌉ pairs of them of each of the n_bh = batch x
     nheads heads (see work_item): program p takes work p, p + grid, ... (SCHEDULE 3: item p, then those it claims from
     ``counter``, see lpt_item) (with a persistent grid the loader fetches
     the next item's tiles during this one's tail). A head's rows of sequence b start at row b·rows_b + h·rows_h
     (batch) or cu_seqlens[b] (varlen) of its 2-D view, at column h·col_h. A K/V tile holds k_desc's rows. SWITCHES: a
-    FwdSwitches (with HAS_SINK, Sinks holds each head's sink logit; else it is LSE, unread)."""
+    FwdSwitches (with HAS_SINK, Sinks holds each head's sink logit; else it is LSE, unread). With MASK_LEFT (a
+    sliding window) query i sees keys i + diag - left .. i + diag + right, and an item starts at the K/V tile of its
+    first row's first key (fwd_schedule.window_item); else right and left are unused."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
+    sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, SWITCHES)
     NUM_WG: gl.constexpr = BLOCK_M // WG_M
     q_smem = allocate_tiles(q_desc, NUM_WG)
-    k_smem = allocate_tiles(k_desc, STAGES)
-    v_smem = allocate_tiles(v_desc, STAGES)
+    k_smem = allocate_tiles(k_desc, sw.STAGES)
+    v_smem = allocate_tiles(v_desc, sw.STAGES)
     o_smem = q_smem  # (unused without STAGE_O)
     if sw.STAGE_O:  # each consumer's O tile, which a TMA store reads while the next item runs
         o_smem = allocate_tiles(o_desc, NUM_WG)
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # every Q·Kᵀ read K
-    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # every P·V read V
+    k_ready = gl.allocate_shared_memory(gl.int64, [sw.STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [sw.STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [sw.STAGES, 1], mbarrier.MBarrierLayout())  # every Q·Kᵀ read K
+    v_free = gl.allocate_shared_memory(gl.int64, [sw.STAGES, 1], mbarrier.MBarrierLayout())  # every P·V read V
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     code_smem = q_bar  # (unused below SCHEDULE 3)
@@ -501,7 +513,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, K
         mbarrier.init(q_free.index(i), count=1)
         if sw.PINGPONG:
             mbarrier.init(turn.index(i), count=1)
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(sw.STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_free.index(i), count=NUM_WG)
@@ -510,7 +522,7 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, K
     ring = Ring(q_smem, k_smem, v_smem, o_smem, q_bar, q_free, k_ready, v_ready, k_free, v_free, code_smem, k_done,
                 turn)
     pb = Problem(views(q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, seqlen_q, seqlen_k), as_tensor(nheads),
-                 as_tensor(group), as_tensor(n_m), as_tensor(n_bh))
+                 as_tensor(group), as_tensor(n_m), as_tensor(n_bh), as_tensor(right), as_tensor(left))
     outs = Outputs(O, LSE, Sinks, as_tensor(stride_ob), as_tensor(stride_on), as_tensor(stride_oh),
                    as_tensor(stride_lb), as_tensor(stride_lh), qk_scale)
     # a batch-mode cu_seqlens (None) cannot sit in an aggregate: each partition takes the two beside it
@@ -521,16 +533,17 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, K
             (_consumer, (2, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
             (_load_partition, (sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q,
                                cu_seqlens_k)),
-        ], [4, 4, 1], [REGS, REGS, 24])
+        ], [4, 4, 1], [sw.REGS, sw.REGS, 24])
     else:
         gl.warp_specialize([
             (_consumer, (0, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
             (_consumer, (1, sw, ring, pb, outs, o_desc, counter, cu_seqlens_q, cu_seqlens_k)),
             (_load_partition, (sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q,
                                cu_seqlens_k)),
-        ], [4, 1], [REGS, 24])
+        ], [4, 1], [sw.REGS, 24])
     if sw.FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
+        gl.static_assert(not sw.MASK_LEFT, "the redo (exact_rows) takes no sliding window")
         redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b,
               q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-              seqlen_q, seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, sw.CAUSAL,
+              seqlen_q, seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, sw.MASK_RIGHT,
               sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.MAY_BE_EMPTY, sw.HAS_SINK)

@@ -9,13 +9,16 @@ from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
 from .common import Views
-from .fwd_schedule import tile_at, work_tile
+from .fwd_schedule import tile_at, window_item, work_item
 
 
 class FwdSwitches(NamedTuple):
     """A launch's compile-time switches, one constexpr argument of flash_fwd_hopper_kernel (set by
-    fwd_launch.launch_args from its configs.HopperFwdConfig, the mask and the layout)."""
-    CAUSAL: bool
+    fwd_launch.launch_args from its configs.HopperFwdConfig, the mask and the layout). Query i sees keys up to
+    i + diag with MASK_RIGHT and from i + diag - left with MASK_LEFT (a sliding window: then up to i + diag + right),
+    diag being Nk - Nq with BOTTOM_RIGHT, else 0."""
+    MASK_RIGHT: bool
+    MASK_LEFT: bool
     BOTTOM_RIGHT: bool
     IS_VARLEN: bool
     PINGPONG: bool
@@ -27,6 +30,8 @@ class FwdSwitches(NamedTuple):
     SCHEDULE: int
     FROZEN_MAX: bool
     HAS_SINK: bool
+    STAGES: int  # K/V tiles in the ring
+    REGS: int  # registers per consumer thread
 
 
 @aggregate
@@ -38,7 +43,8 @@ class Switches:
     BLOCK_M: gl.constexpr  # Q rows of a work item, WG_M to each consumer warpgroup
     BLOCK_N: gl.constexpr  # keys of a K/V tile
     STAGES: gl.constexpr  # K/V tiles in the ring
-    CAUSAL: gl.constexpr
+    MASK_RIGHT: gl.constexpr
+    MASK_LEFT: gl.constexpr
     BOTTOM_RIGHT: gl.constexpr
     IS_VARLEN: gl.constexpr
     MAY_BE_EMPTY: gl.constexpr  # rows whose first tile has no key to see
@@ -51,14 +57,15 @@ class Switches:
     SCHEDULE: gl.constexpr
     FROZEN_MAX: gl.constexpr
     HAS_SINK: gl.constexpr  # a learned sink logit per head (Outputs.Sinks)
+    REGS: gl.constexpr
 
     @triton.constexpr_function
-    def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
-        self.HEAD_DIM_PAD, self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N, self.STAGES = (
-            gl.constexpr(x) for x in (HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES))
+    def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, switches):
+        self.HEAD_DIM_PAD, self.HEAD_DIM, self.BLOCK_M, self.BLOCK_N = (
+            gl.constexpr(x) for x in (HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N))
         for name, value in FwdSwitches(*switches)._asdict().items():
             setattr(self, name, gl.constexpr(value))
-        self.MAY_BE_EMPTY = gl.constexpr(self.CAUSAL.value or self.IS_VARLEN.value)
+        self.MAY_BE_EMPTY = gl.constexpr(self.MASK_RIGHT.value or self.MASK_LEFT.value or self.IS_VARLEN.value)
 
 
 @aggregate
@@ -91,32 +98,49 @@ class Ring:
 @aggregate
 class Problem:
     """What every partition knows of the launch: where a head's rows sit (common.Views), the heads, the query heads
-    per KV head, the Q tiles of a head and the heads of the launch (integers through common.as_tensor)."""
+    per KV head, the Q tiles of a head and the heads of the launch, and a sliding window's sides (keys from
+    i + diag - left to i + diag + right, Switches.MASK_LEFT) (integers through common.as_tensor)."""
     views: Views
     nheads: gl.tensor
     group: gl.tensor
     n_m: gl.tensor
     n_bh: gl.tensor  # batch x nheads
+    right: gl.tensor
+    left: gl.tensor
 
     @triton.constexpr_function
-    def __init__(self, views, nheads, group, n_m, n_bh):
+    def __init__(self, views, nheads, group, n_m, n_bh, right, left):
         self.views, self.nheads, self.group, self.n_m, self.n_bh = views, nheads, group, n_m, n_bh
+        self.right, self.left = right, left
 
     @gluon.jit
     def tile(self, sw, bh, m, cu_seqlens_q, cu_seqlens_k):
-        """fwd_schedule.tile_at: Q tile m of head bh (batch x nheads + head)."""
+        """Q tile m of head bh (batch x nheads + head): the item's first row, batch, head, first Q and K rows in the
+        2-D views, lengths, diagonals and K/V tiles (see window_item)."""
         vw = self.views
-        return tile_at(bh, m, self.nheads, self.group, cu_seqlens_q, cu_seqlens_k, vw.q_rows_b, vw.q_rows_h,
-                       vw.k_rows_b, vw.k_rows_h, vw.seqlen_q, vw.seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.CAUSAL,
-                       sw.BOTTOM_RIGHT, sw.IS_VARLEN)
+        start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full = tile_at(
+            bh, m, self.nheads, self.group, cu_seqlens_q, cu_seqlens_k, vw.q_rows_b, vw.q_rows_h, vw.k_rows_b,
+            vw.k_rows_h, vw.seqlen_q, vw.seqlen_k, sw.BLOCK_M, sw.BLOCK_N, sw.MASK_RIGHT and not sw.MASK_LEFT,
+            sw.BOTTOM_RIGHT, sw.IS_VARLEN)
+        return self._windowed(sw, start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full)
 
     @gluon.jit
     def item(self, sw, w, cu_seqlens_q, cu_seqlens_k):
-        """fwd_schedule.work_tile: this program's w-th work item (SCHEDULE 0-2)."""
-        vw = self.views
-        return work_tile(w, self.n_m, self.n_bh, self.nheads, self.group, cu_seqlens_q, cu_seqlens_k, vw.q_rows_b,
-                         vw.q_rows_h, vw.k_rows_b, vw.k_rows_h, vw.seqlen_q, vw.seqlen_k, sw.BLOCK_M, sw.BLOCK_N,
-                         sw.CAUSAL, sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.SCHEDULE)
+        """This program's w-th work item (fwd_schedule.work_item, SCHEDULE 0-2), as ``tile``."""
+        bh, m = work_item(w, self.n_m, self.n_bh, self.views.seqlen_q, sw.BLOCK_M, sw.SCHEDULE)
+        return self.tile(sw, bh, m, cu_seqlens_q, cu_seqlens_k)
+
+    @gluon.jit
+    def _windowed(self, sw, start_m, b, h, q_row, k_row, sq, sk, diag, n_tiles, n_full):
+        """tile_at's item, with MASK_LEFT taken from its first visible K/V tile on (window_item); returns (start_m,
+        b, h, q_row, k_row, sq, sk, diag, diag_left, n_tiles, full_lo, n_full): the item's K/V tiles j in
+        [0, n_tiles) need a mask outside [full_lo, n_full)."""
+        diag_left = diag
+        full_lo = 0
+        if sw.MASK_LEFT:
+            k_row, sk, diag, diag_left, n_tiles, full_lo, n_full = window_item(
+                start_m, k_row, sk, diag + self.right, diag - self.left, sw.BLOCK_M, sw.BLOCK_N, sw.MASK_RIGHT)
+        return start_m, b, h, q_row, k_row, sq, sk, diag, diag_left, n_tiles, full_lo, n_full
 
 
 @aggregate

@@ -13,33 +13,50 @@ from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter,
 
 
 def supports(q, k, v, window_size):
-    """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or
-    causal attention (no sliding window), 16-byte aligned tensors in strides a 2-D view can read (V's rows addressed
-    like K's: the kernel reads both at the same coordinates), a head dim of 16-byte rows."""
+    """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or causal
+    attention or (batch mode) a sliding window, 16-byte aligned tensors in strides a 2-D view can read (V's rows
+    addressed like K's: the kernel reads both at the same coordinates), a head dim of 16-byte rows."""
     varlen = q.dim() == 3
-    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and window_size[0] < 0
-            and window_size[1] in (-1, 0) and q.shape[-1] % 8 == 0 and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16)
+            and (not varlen or not windowed(window_size)) and q.shape[-1] % 8 == 0
+            and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and view_layout(q, varlen) is not None and same_rows(view_layout(v, varlen), view_layout(k, varlen)))
+
+
+def windowed(window_size):
+    """Whether ``window_size`` (left, right) is a sliding window, not full or causal attention."""
+    return window_size is not None and not (window_size[0] < 0 and window_size[1] in (-1, 0))
+
+
+def window_sides(causal, window_size, seqlen_q, seqlen_k):
+    """(MASK_RIGHT, MASK_LEFT, right, left) of a batch-mode call: query i sees keys up to i + diag (+ right) and, with
+    MASK_LEFT, from i + diag - left (diag: the kernel's alignment). A window has both sides in the kernel: one open to
+    the left takes a left side that no row reaches."""
+    if not windowed(window_size):
+        return causal, False, 0, 0
+    left, right = window_size
+    return right >= 0, True, max(right, 0), left if left >= 0 else max(seqlen_q, seqlen_k)
 
 
 _REPLAYS = Replays()
 
 
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      bottom_right, config, sinks=None, found=None):
+                      bottom_right, config, sinks=None, found=None, window_size=None):
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig; ``sinks`` (float32
-    (nheads,) or None) a learned sink logit per head. The first call of a launch key goes through Triton; later ones
-    replay it (kernels/common/replay.py) with descriptors of this call's tensors. ``found`` (a list, or None) gets
-    (the key's replay, its counter), which launch_again launches for a later call of the same key without its lookups
-    (nothing where launches are not replayed)."""
-    size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q)
+    (nheads,) or None) a learned sink logit per head; ``window_size`` (left, right) a sliding window, or None. The first
+    call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors of this
+    call's tensors. ``found`` (a list, or None) gets (the key's replay, its counter), which launch_again launches for a
+    later call of the same key without its lookups (nothing where launches are not replayed)."""
+    size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed(window_size))
     counter = stream_counter(q.device, size) if size else None
     key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, counter, sinks), max_seqlen_q, softmax_scale,
-                     causal, bottom_right, config, None if counter is None else counter.data_ptr())  # counter pinned
+                     causal, bottom_right, config, None if counter is None else counter.data_ptr(),  # counter pinned
+                     window_size)
     replay = _REPLAYS.get(key)
     if replay is None:
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                         causal, bottom_right, config, counter, sinks)
+                                         causal, bottom_right, config, counter, sinks, window_size)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
                         ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Sinks", "Qp", "Kp", "Vp",
                          "cu_seqlens_q", "cu_seqlens_k"])
@@ -69,19 +86,22 @@ def _launch(replay, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks):
                              cu_seqlens_q, cu_seqlens_k))
 
 
-def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object) -> FwdSwitches:
+def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object,
+             window_size=None) -> FwdSwitches:
     """The compile-time switches a batch-mode launch of ``config`` on tensors shaped like q, k, v takes, from
     launch_args on new tensors of the call's shapes, on q's device (``flashtile info`` prints them)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-    return launch_args(q, k, v, out, lse, None, None, None, 1.0, causal, True, config)[2]["SWITCHES"]
+    return launch_args(q, k, v, out, lse, None, None, None, 1.0, causal, True, config, None, None,
+                       window_size)[2]["SWITCHES"]
 
 
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
-                config, counter=None, sinks=None):
+                config, counter=None, sinks=None, window_size=None):
     """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
     ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
-    failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None."""
+    failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None;
+    ``window_size``: a batch-mode call's (left, right), or None (full or causal, by ``causal``)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, k_layout, v_layout = view_layout(q, varlen), view_layout(k, varlen), view_layout(v, varlen)
@@ -115,21 +135,21 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         schedule, tail_heads = 3, min(n_bh, cdiv(config.claims * sms, n_half))  # the tail: claims rounds of pairs
         n_work = (n_bh - tail_heads) * n_half + tail_heads * n_m  # (see lpt_item)
     grid = (min(n_work, sms) if persistent else n_work, )
-    frozen = uses_frozen_max(config, q.dtype)
+    frozen = uses_frozen_max(config, q.dtype, windowed(window_size))
     if (schedule == 3 or frozen) and counter is None:
-        counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q), dtype=torch.int32,
-                              device=q.device)
+        counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed(window_size)),
+                              dtype=torch.int32, device=q.device)
+    mask_right, mask_left, right, left = window_sides(causal, window_size, seqlen_q, seqlen_k)
     args = (*descs, out, lse, lse if sinks is None else sinks, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0),
             cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
             q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
-            nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value)
+            nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value, right, left)
     switches = FwdSwitches(
-        CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen, PINGPONG=config.pingpong,
-        OVERLAP_PV=config.overlap_pv,
+        MASK_RIGHT=mask_right, MASK_LEFT=mask_left, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen,
+        PINGPONG=config.pingpong, OVERLAP_PV=config.overlap_pv,
         STAGE_K=bool(config.o_kstage and next_pow2(head_dim) > 64 and config.block_m == 2 * WG_M.value
                      and not stage_o),
         STAGE_O=stage_o, EARLY_P=config.early_p, Q_REGS=config.q_regs, SCHEDULE=schedule, FROZEN_MAX=frozen,
-        HAS_SINK=sinks is not None)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.num_stages,
-                  SWITCHES=switches, REGS=config.consumer_regs, num_warps=4, maxnreg=config.maxnreg)
+        HAS_SINK=sinks is not None, STAGES=config.num_stages, REGS=config.consumer_regs)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, SWITCHES=switches, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs

@@ -68,16 +68,6 @@ def work_item(w, n_m, n_bh, seqlen_q, BLOCK_M: gl.constexpr, SCHEDULE: gl.conste
 
 
 @gluon.jit
-def work_tile(w, n_m, n_bh, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-          seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          BOTTOM_RIGHT: gl.constexpr, IS_VARLEN: gl.constexpr, SCHEDULE: gl.constexpr):
-    """This program's w-th work item (see work_item): tile_at of its head and Q tile."""
-    bh, m = work_item(w, n_m, n_bh, seqlen_q, BLOCK_M, SCHEDULE)
-    return tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h,
-                    seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, BOTTOM_RIGHT, IS_VARLEN)
-
-
-@gluon.jit
 def tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h, k_rows_b, k_rows_h, seqlen_q,
              seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
              IS_VARLEN: gl.constexpr):
@@ -99,6 +89,27 @@ def tile_at(bh, m, nheads, group, cu_seqlens_q, cu_seqlens_k, q_rows_b, q_rows_h
     n_tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)  # a row band that sees no key still runs one masked tile
     n_full = gl.maximum(full_hi, 0) // BLOCK_N
     return start_m, b, h, q_row, k_row, seqlen_q, seqlen_k, diag, n_tiles, n_full
+
+
+@gluon.jit
+def window_item(start_m, k_row, seqlen_k, diag, diag_left, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                MASK_RIGHT: gl.constexpr):
+    """A sliding window's item, rows start_m .. start_m + BLOCK_M - 1, where query i sees keys i + diag_left to
+    i + diag (to the end without MASK_RIGHT): the item moved to its first visible K/V tile, lo. Returns (k_row,
+    seqlen_k, diag, diag_left) counted from that tile's first key, the K/V tiles to visit (at least one, masked where
+    the rows see nothing) and the first and past-the-last tiles that need no mask (relative to lo)."""
+    hi = seqlen_k
+    full_hi = seqlen_k
+    if MASK_RIGHT:
+        hi = gl.minimum(hi, start_m + BLOCK_M + diag)
+        full_hi = gl.minimum(full_hi, start_m + 1 + diag)
+    n_hi = gl.maximum(gl.cdiv(gl.maximum(hi, 0), BLOCK_N), 1)
+    lo = gl.minimum(gl.maximum(start_m + diag_left, 0) // BLOCK_N, n_hi - 1)  # the first row's first key's tile
+    full_lo = gl.cdiv(gl.maximum(start_m + BLOCK_M - 1 + diag_left, 0), BLOCK_N)  # the last row's
+    n_full = gl.maximum(full_hi, 0) // BLOCK_N
+    shift = lo * BLOCK_N
+    return (k_row + shift, seqlen_k - shift, diag - shift, diag_left - shift, n_hi - lo, full_lo - lo,
+            n_full - lo)
 
 
 @gluon.jit
@@ -146,17 +157,18 @@ def uses_claims(config, causal, varlen, seqlen_q):
             <= config.persistent_max_seqlen)
 
 
-def uses_frozen_max(config, dtype):
-    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow far past fp16's range)."""
-    return config.frozen_max and dtype == torch.bfloat16
+def uses_frozen_max(config, dtype, windowed=False):
+    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow far past fp16's range), no sliding window (an item's
+    first tile may hold none of a row's keys)."""
+    return config.frozen_max and dtype == torch.bfloat16 and not windowed
 
 
-def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q):
+def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed=False):
     """How many int32 the launch's counter needs (0: none): the claims counter (SCHEDULE 3), and with FROZEN_MAX
     the queue of redo, a place for every (head, Q tile, consumer warpgroup)."""
     varlen = cu_seqlens_q is not None
     batch, seqlen_q = (cu_seqlens_q.numel() - 1, max_seqlen_q) if varlen else (q.shape[0], q.shape[1])
-    if uses_frozen_max(config, q.dtype):
+    if uses_frozen_max(config, q.dtype, windowed):
         return REDO_QUEUE.value + batch * q.shape[-2] * cdiv(seqlen_q, config.block_m) * (config.block_m // WG_M.value)
     return 1 if uses_claims(config, causal, varlen, seqlen_q) else 0
 

@@ -455,7 +455,7 @@ WINDOWS = [(256, 0), (100, 100), (128, -1), (-1, 64), (0, 0)]
 @pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2], SHAPES[4]], ids=shape_id)
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
 def test_window_gradients(head_dim, shape, window, bwd_path):
-    """A sliding window (left, right) on the sm90 backward, either design (the forward runs the portable kernel): a
+    """A sliding window (left, right) on the sm90 backward, either design (and the sm90 forward): a
     causal window, a symmetric one, one side only, a single key; Nq < Nk and Nq > Nk (bottom-right), GQA, ragged
     lengths; every gradient against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape

@@ -21,18 +21,22 @@ from helpers import (
 
 import flashtile
 from flashtile import configs, dispatch, reference
+from flashtile.bench import inputs
 from flashtile.kernels.common.tiles import head_dim_pad, num_sms
 from flashtile.kernels.hopper import fwd as fwd_hopper
 from flashtile.kernels.hopper import fwd_launch, fwd_schedule
 from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
 
-def test_supports_only_full_or_causal_half_precision():
+def test_supports_half_precision_and_batch_mode_windows():
+    """Full, causal and (batch mode) sliding windows in bf16 and fp16; packed sequences with a window run the portable
+    kernel, and float32 does."""
     q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
     ok = GLUON_VERSION_OK
-    assert fwd_launch.supports(q, k, v, (-1, -1)) == ok
-    assert fwd_launch.supports(q, k, v, (-1, 0)) == ok
-    assert not fwd_launch.supports(q, k, v, (16, 0))  # sliding window
+    for window in ((-1, -1), (-1, 0), (16, 0), (16, 16), (-1, 16), (16, -1)):
+        assert fwd_launch.supports(q, k, v, window) == ok
+    assert fwd_launch.supports(q[0], k[0], v[0], (-1, 0)) == ok  # packed
+    assert not fwd_launch.supports(q[0], k[0], v[0], (16, 0))
     assert not fwd_launch.supports(q.float(), k.float(), v.float(), (-1, -1))
 
 
@@ -73,14 +77,40 @@ def test_launch_arguments():
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [64, head_dim]  # 64 rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
-    assert kwargs["SWITCHES"].CAUSAL and kwargs["SWITCHES"].BOTTOM_RIGHT and not kwargs["SWITCHES"].IS_VARLEN
-    assert kwargs["STAGES"] == cfg.num_stages and kwargs["REGS"] == cfg.consumer_regs
+    sw = kwargs["SWITCHES"]
+    assert sw.MASK_RIGHT and not sw.MASK_LEFT and sw.BOTTOM_RIGHT and not sw.IS_VARLEN
+    assert sw.STAGES == cfg.num_stages and sw.REGS == cfg.consumer_regs
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    assert named["right"] == named["left"] == 0  # no window
     assert named["group"] == nheads // nheads_k and named["nheads"] == nheads
     assert (named["q_rows_b"], named["q_col_h"], named["k_col_h"]) == (seqlen, head_dim, head_dim)
     assert named["seqlen_q"] == named["seqlen_k"] == seqlen
     assert named["n_bh"] == batch * nheads and named["n_m"] == n_m
     assert kwargs["SWITCHES"].SCHEDULE == (1 if cfg.balanced else 0)  # causal: pairs of Q tiles
+
+
+@pytest.mark.parametrize("window, sides", [((256, 0), (True, True, 0, 256)), ((100, 100), (True, True, 100, 100)),
+                                           ((128, -1), (False, True, 0, 128)), ((-1, 64), (True, True, 64, 1300)),
+                                           ((0, 0), (True, True, 0, 0)), ((-1, 0), (True, False, 0, 0))],
+                         ids=lambda w: f"w{w[0]}_{w[1]}" if len(w) == 2 else None)
+def test_window_launch_arguments(window, sides):
+    """A sliding window (batch mode): (MASK_RIGHT, MASK_LEFT) and the runtime sides (right, left), a window open to the
+    left taking a side no row reaches (max(Nq, Nk)); the non-causal schedule (single Q tiles when persistent), no
+    FROZEN_MAX in bf16 (so no counter) and no claims. (-1, 0) is plain causal."""
+    q = torch.randn(2, 1000, 8, 128, dtype=torch.bfloat16)
+    k = torch.randn(2, 1300, 2, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 1000)
+    causal = window == (-1, 0)
+    cfg = configs.FWD_HOPPER[(128, causal)]
+    assert cfg.frozen_max
+    grid, args, kwargs = fwd_launch.launch_args(q, k, k, out, lse, None, None, None, 0.125, causal, True, cfg,
+                                                window_size=window)
+    named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    sw = kwargs["SWITCHES"]
+    assert (sw.MASK_RIGHT, sw.MASK_LEFT, named["right"], named["left"]) == sides
+    if not causal:
+        assert not sw.FROZEN_MAX and named["counter"] is None and sw.SCHEDULE == (2 if cfg.persistent else 1)
+    assert (fwd_schedule.counter_size(cfg, causal, q, None, None, fwd_launch.windowed(window)) > 0) == causal
 
 
 def test_schedule():
@@ -196,7 +226,7 @@ def test_launch_arguments_with_three_consumer_warpgroups():
     assert named["n_m"] == 6 and named["n_bh"] == batch * nheads  # 1000 rows: 6 tiles of 192
     assert kwargs["SWITCHES"].SCHEDULE == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
     assert args[0].block_shape == [64, 64]
-    assert (kwargs["BLOCK_M"], kwargs["REGS"], kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
+    assert (kwargs["BLOCK_M"], kwargs["SWITCHES"].REGS, kwargs["maxnreg"], kwargs["num_warps"]) == (192, 160, 128, 4)
 
 
 def test_schedule_model_takes_every_tile_once():
@@ -238,7 +268,7 @@ def test_hopper_kernel_covers_the_common_layouts(forward_backend):
                     expected = forward_backend == "auto" and head_dim != 64
                     assert (config is not None) == expected, (head_dim, dtype, window)
     assert dispatch.hopper_forward_config(q[..., :-8], k[..., :-8], k[..., :-8], (-1, -1)) is None  # head dim 248
-    assert dispatch.hopper_forward_config(q, k, k, (128, 0)) is None  # sliding window
+    assert (dispatch.hopper_forward_config(q, k, k, (128, 0)) is not None) == (forward_backend == "auto")  # a window
 
 
 def check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal, window_size=(-1, -1)):
@@ -353,11 +383,55 @@ def test_ragged_causal_gqa(head_dim, seqlens, dtype):
     check(2, *seqlens, 8, 2, head_dim, dtype, causal=True)
 
 
+WINDOWS = [(256, 0), (100, 100), (128, -1), (-1, 64), (0, 0)]
+WINDOW_SHAPES = [(2, 2048, 2048, 4, 1), (2, 1100, 2900, 8, 2), (1, 2900, 1100, 8, 8)]
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("forward_backend")
-@pytest.mark.parametrize("window_size", [(256, 0), (100, 100), (-1, 64)], ids=lambda w: f"w{w[0]}_{w[1]}")
-def test_window(window_size):
-    check(2, 2048, 2048, 4, 1, 128, torch.bfloat16, causal=False, window_size=window_size)
+@pytest.mark.parametrize("dtype", LOW, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("window_size", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
+def test_window(head_dim, shape, window_size, dtype, forward_backend):
+    """A sliding window (left, right): a causal window, a symmetric one, one side only, a single key; MQA, GQA and
+    MHA, Nq < Nk and Nq > Nk (bottom-right: rows with no key at all give O = 0, LSE = -inf), ragged tiles; on sm90
+    ("auto") the Hopper kernel runs it, items starting at their first row's first K/V tile."""
+    batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
+    k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
+    kernel = dispatch.forward(q, k, k, window_size).kernel
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert kernel == ("hopper/fwd.py" if forward_backend == "auto" else "portable/fwd.py")
+    check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal=False, window_size=window_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("window_size", [(64, 0), (30, 30), (0, 100)], ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_window_on_short_and_ragged_lengths(head_dim, window_size, forward_backend, monkeypatch):
+    """The Hopper config of the head dim forced onto every length (dispatch keeps short calls on the portable kernel):
+    one row, 17, 113 x 203 and back, 1023, where a window's first K/V tile is not the sequence's; bitwise repeatable."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's tile config")
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(head_dim, False)], min_seqlen_q=0, below=None)
+    monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, False): cfg})
+    for seqlen_q, seqlen_k in ((1, 1), (1, 300), (17, 17), (113, 203), (203, 113), (1023, 1023)):
+        check(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, False, window_size)
+    q, k, v = (randn(2, 3000, 8, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    first = flashtile.flash_attn_func(q, k, v, window_size=window_size)
+    assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, window_size=window_size)) for _ in range(2))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("kind", ["large", "rising", "falling", "dominant"])
+def test_window_inputs_beyond_the_normal(kind):
+    """bf16 inputs whose scores are large, rise or fall along the keys or have one dominant key, under a causal window
+    (the windowed forward runs the plain online softmax, no FROZEN_MAX)."""
+    q, k, v = inputs.make(kind, 1, 4096, 8, 128, nheads_k=2)
+    check_inputs(q, k, v, False, (700, 0))
 
 
 @pytest.mark.gpu
