@@ -4,7 +4,7 @@
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
-#        [window-bench]
+#        [window-bench] [window-fwd-tests]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -126,13 +126,18 @@ for step in "$@"; do
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
         -k "window or test_gradients or deterministic" 2>&1 | grep -E "passed|failed|FAILED|Error" \
         | tee "$out/window-tests.log" ;;
+    window-fwd-tests)  # sliding windows on the sm90 forward (D=64 to 256, bf16 and fp16, forced onto short lengths),
+      # with the forward's tests of the code the window touched (the three-warpgroup items, FROZEN_MAX, claims)
+      timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
+        -k "not portable and (window or three_consumer or d64_causal or frozen_max or ragged or covers_the_common)" \
+        2>&1 | grep -E "passed|failed|FAILED|Error" | tee "$out/window-fwd-tests.log" ;;
     padded-bench)  # D=96 and 192 against the portable kernels (the path before), FA4 (where PYTHONPATH has it),
       # cuDNN and FA2
       timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \
         --peers flashtile "flashtile (portable)" FA4 cuDNN "FA2 (SDPA flash)" --out "$out/bench-padded" 2>&1 \
         | grep "^|" | tee "$out/padded-bench.log" ;;
-    window-bench)  # sliding windows: the sm90 backward against the portable kernels (the path before) and FA4 (where
-      # PYTHONPATH has it); the forward is the portable kernel's in both flashtile columns
+    window-bench)  # sliding windows: the sm90 kernels against the portable ones (the path before) and FA4 (where
+      # PYTHONPATH has it)
       for w in "256 0" "4096 0"; do
         timeout 140 python3 -m flashtile.bench --backward --window $w --head-dims 64 128 --seqlens 4096 16384 \
           --rounds 1 --peers flashtile "flashtile (portable)" FA4 --out "$out/bench-window-${w// /_}" 2>&1 \
