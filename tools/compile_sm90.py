@@ -141,10 +141,10 @@ def compile_decode(head_dim, pad, cfg, paged, tma, rows):
     return dict(row, head_dim=head_dim, paged=paged, tma=tma, rows=rows)
 
 
-def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None):
+def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=False):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
     whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)
-    ``window``: a sliding window (left, right) instead of the causal flag's mask."""
+    ``window``: a sliding window (left, right) instead of the causal flag's mask; ``packed``: two packed sequences."""
     import torch
 
     from flashtile.kernels.hopper import fwd as fwd_hopper
@@ -152,11 +152,16 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None):
 
     q, k, v = (torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(2, 4, seqlen)
-    grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, None, None, None, 0.1, causal, True,
-                                                cfg, window_size=window)
+    sequences = (None, None, None)
+    if packed:  # (total, nheads, headdim), the LSE (nheads, total)
+        q, k, v, lse = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), lse.transpose(0, 1).flatten(1)
+        cu_seqlens = torch.tensor([0, seqlen, 2 * seqlen], dtype=torch.int32)
+        sequences = (cu_seqlens, cu_seqlens, seqlen)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *sequences, 0.1, causal, True, cfg,
+                                                window_size=window)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
                 config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs,
-                window=window)
+                window=window, varlen=packed)
 
 
 def _backward_inputs(head_dim, nheads_k):

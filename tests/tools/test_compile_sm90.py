@@ -210,16 +210,18 @@ def test_hopper_backward_compiles_with_a_window():
 
 
 def test_hopper_forward_compiles_with_a_window():
-    """A sliding window (both sides, and open to the right) on each head dim's non-causal forward: the same products as
-    without it, within shared memory, wgmma asynchronous; D=64's three consumer warpgroups spill a few scalars, as
-    their causal mask does (test_hopper_forward_192_rows_compiles_for_sm90)."""
+    """A sliding window (both sides, open to the right, and on packed sequences) on each head dim's non-causal forward:
+    the same products as without it, within shared memory, wgmma asynchronous; D=64's three consumer warpgroups spill a
+    few scalars, as their causal mask does (test_hopper_forward_192_rows_compiles_for_sm90)."""
     from flashtile.kernels.hopper.common import GLUON_VERSION_OK
     if not GLUON_VERSION_OK:
         pytest.skip("the Gluon kernel is written against triton 3.6")
-    rows = _compiled_rows("[compile_sm90.compile_hopper_fwd(d, False, configs.FWD_HOPPER[(d, False)], 2048, w) "
-                          "for d in (64, 128, 256) for w in (None, (256, 0), (100, -1))]")
-    for plain, *windowed in zip(rows[::3], rows[1::3], rows[2::3]):
-        assert plain["window"] is None and [row["window"] for row in windowed] == [[256, 0], [100, -1]]
+    rows = _compiled_rows("[compile_sm90.compile_hopper_fwd(d, False, configs.FWD_HOPPER[(d, False)], 2048, w, p) "
+                          "for d in (64, 128, 256) for w, p in ((None, False), ((256, 0), False), ((100, -1), False), "
+                          "((256, 0), True))]")
+    for plain, *windowed in zip(rows[::4], rows[1::4], rows[2::4], rows[3::4]):
+        assert plain["window"] is None and [row["window"] for row in windowed] == [[256, 0], [100, -1], [256, 0]]
+        assert [row["varlen"] for row in windowed] == [False, False, True]
         for row in windowed:
             assert row["wgmma"] == plain["wgmma"] and row["shared"] <= SM90_SHARED_LIMIT, (row, plain)
             assert not row["serialized"] and row["local"] <= (64 if row["head_dim"] == 64 else 28), row

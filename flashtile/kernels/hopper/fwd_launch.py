@@ -14,11 +14,10 @@ from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter,
 
 def supports(q, k, v, window_size):
     """Whether this kernel covers the call (given a config for its head dim): triton 3.6, bf16/fp16, full or causal
-    attention or (batch mode) a sliding window, 16-byte aligned tensors in strides a 2-D view can read (V's rows
-    addressed like K's: the kernel reads both at the same coordinates), a head dim of 16-byte rows."""
+    attention or a sliding window, 16-byte aligned tensors in strides a 2-D view can read (V's rows addressed like K's:
+    the kernel reads both at the same coordinates), a head dim of 16-byte rows."""
     varlen = q.dim() == 3
-    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16)
-            and (not varlen or not windowed(window_size)) and q.shape[-1] % 8 == 0
+    return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] % 8 == 0
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and view_layout(q, varlen) is not None and same_rows(view_layout(v, varlen), view_layout(k, varlen)))
 
@@ -28,14 +27,14 @@ def windowed(window_size):
     return window_size is not None and not (window_size[0] < 0 and window_size[1] in (-1, 0))
 
 
-def window_sides(causal, window_size, seqlen_q, seqlen_k):
-    """(MASK_RIGHT, MASK_LEFT, right, left) of a batch-mode call: query i sees keys up to i + diag (+ right) and, with
-    MASK_LEFT, from i + diag - left (diag: the kernel's alignment). A window has both sides in the kernel: one open to
-    the left takes a left side that no row reaches."""
+def window_sides(causal, window_size, rows_q, rows_k):
+    """(MASK_RIGHT, MASK_LEFT, right, left) of a call: query i sees keys up to i + diag (+ right) and, with MASK_LEFT,
+    from i + diag - left (diag: the kernel's alignment, a sequence's own when packed). A window has both sides in the
+    kernel: one open to the left takes a left side no row reaches (rows_q, rows_k: at least any sequence's lengths)."""
     if not windowed(window_size):
         return causal, False, 0, 0
     left, right = window_size
-    return right >= 0, True, max(right, 0), left if left >= 0 else max(seqlen_q, seqlen_k)
+    return right >= 0, True, max(right, 0), left if left >= 0 else max(rows_q, rows_k)
 
 
 _REPLAYS = Replays()
@@ -101,7 +100,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
     ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
     failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None;
-    ``window_size``: a batch-mode call's (left, right), or None (full or causal, by ``causal``)."""
+    ``window_size``: (left, right), or None (full or causal, by ``causal``)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, k_layout, v_layout = view_layout(q, varlen), view_layout(k, varlen), view_layout(v, varlen)
@@ -139,7 +138,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     if (schedule == 3 or frozen) and counter is None:
         counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed(window_size)),
                               dtype=torch.int32, device=q.device)
-    mask_right, mask_left, right, left = window_sides(causal, window_size, seqlen_q, seqlen_k)
+    mask_right, mask_left, right, left = window_sides(causal, window_size, q.shape[-3], k.shape[-3])
     args = (*descs, out, lse, lse if sinks is None else sinks, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0),
             cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
             q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,

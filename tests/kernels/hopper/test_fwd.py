@@ -28,15 +28,13 @@ from flashtile.kernels.hopper import fwd_launch, fwd_schedule
 from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
 
-def test_supports_half_precision_and_batch_mode_windows():
-    """Full, causal and (batch mode) sliding windows in bf16 and fp16; packed sequences with a window run the portable
-    kernel, and float32 does."""
+def test_supports_half_precision_and_sliding_windows():
+    """Full, causal and sliding windows in bf16 and fp16, batch mode and packed; float32 runs the portable kernel."""
     q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
     ok = GLUON_VERSION_OK
     for window in ((-1, -1), (-1, 0), (16, 0), (16, 16), (-1, 16), (16, -1)):
         assert fwd_launch.supports(q, k, v, window) == ok
-    assert fwd_launch.supports(q[0], k[0], v[0], (-1, 0)) == ok  # packed
-    assert not fwd_launch.supports(q[0], k[0], v[0], (16, 0))
+        assert fwd_launch.supports(q[0], k[0], v[0], window) == ok  # packed
     assert not fwd_launch.supports(q.float(), k.float(), v.float(), (-1, -1))
 
 
@@ -94,9 +92,9 @@ def test_launch_arguments():
                                            ((0, 0), (True, True, 0, 0)), ((-1, 0), (True, False, 0, 0))],
                          ids=lambda w: f"w{w[0]}_{w[1]}" if len(w) == 2 else None)
 def test_window_launch_arguments(window, sides):
-    """A sliding window (batch mode): (MASK_RIGHT, MASK_LEFT) and the runtime sides (right, left), a window open to the
-    left taking a side no row reaches (max(Nq, Nk)); the non-causal schedule (single Q tiles when persistent), no
-    FROZEN_MAX in bf16 (so no counter) and no claims. (-1, 0) is plain causal."""
+    """A sliding window: (MASK_RIGHT, MASK_LEFT) and the runtime sides (right, left), a window open to the left taking a
+    side no row reaches (max(Nq, Nk); packed: max of the total rows); the non-causal schedule (single Q tiles when
+    persistent), no FROZEN_MAX in bf16 (so no counter) and no claims. (-1, 0) is plain causal."""
     q = torch.randn(2, 1000, 8, 128, dtype=torch.bfloat16)
     k = torch.randn(2, 1300, 2, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 8, 1000)
@@ -111,6 +109,13 @@ def test_window_launch_arguments(window, sides):
     if not causal:
         assert not sw.FROZEN_MAX and named["counter"] is None and sw.SCHEDULE == (2 if cfg.persistent else 1)
     assert (fwd_schedule.counter_size(cfg, causal, q, None, None, fwd_launch.windowed(window)) > 0) == causal
+    cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 1300, 2600], dtype=torch.int32)
+    _, args, kwargs = fwd_launch.launch_args(q.flatten(0, 1), k.flatten(0, 1), k.flatten(0, 1), out.flatten(0, 1),
+                                             lse.transpose(0, 1).flatten(1), cu_q, cu_k, 1000, 0.125, causal, True, cfg,
+                                             window_size=window)
+    named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
+    packed_left = 2600 if window[0] < 0 and window != (-1, 0) else sides[3]
+    assert kwargs["SWITCHES"].IS_VARLEN and (named["right"], named["left"]) == (sides[2], packed_left)
 
 
 def test_schedule():
@@ -287,15 +292,16 @@ def check_inputs(q, k, v, causal, window_size=(-1, -1)):
     assert_attention_close(out, ref, torch_attention(q, k, v, causal, window_size), lse, ref_lse)
 
 
-def check_varlen(seqlens_q, seqlens_k, head_dim, causal):
+def check_varlen(seqlens_q, seqlens_k, head_dim, causal, window_size=None):
     """Packed sequences against the reference; returns the Hopper config the call took (None: the portable kernel)."""
     q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 8, 2, head_dim, torch.bfloat16)
+    window_size = window_size or ((-1, 0) if causal else (-1, -1))
     with poisoned_outputs():
         out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
-                                                       causal=causal, return_attn_probs=True)
-    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
-    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal), lse, ref_lse)
-    return dispatch.hopper_forward_config(q, k, v, (-1, 0) if causal else (-1, -1), max(seqlens_q))
+                                                       causal=causal, window_size=window_size, return_attn_probs=True)
+    ref, ref_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=window_size)
+    assert_attention_close(out, ref, torch_attention_varlen(q, k, v, cu_q, cu_k, causal, window_size), lse, ref_lse)
+    return dispatch.hopper_forward_config(q, k, v, window_size, max(seqlens_q))
 
 
 def check_hopper_config(cfg, head_dim, causal, monkeypatch):
@@ -422,6 +428,18 @@ def test_window_on_short_and_ragged_lengths(head_dim, window_size, forward_backe
     q, k, v = (randn(2, 3000, 8, head_dim, dtype=torch.bfloat16) for _ in range(3))
     first = flashtile.flash_attn_func(q, k, v, window_size=window_size)
     assert all(torch.equal(first, flashtile.flash_attn_func(q, k, v, window_size=window_size)) for _ in range(2))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("window_size", [(256, 0), (100, 100), (-1, 64)], ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_window_varlen(head_dim, window_size, forward_backend):
+    """Packed sequences under a window, each with its own diagonal: empty ones, one row, Nq < Nk and Nq > Nk; on sm90
+    ("auto") the Hopper kernel runs them."""
+    config = check_varlen([300, 0, 2048, 1, 1500, 77], [129, 40, 2048, 300, 3000, 0], head_dim, False, window_size)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert (config is not None) == (forward_backend == "auto")
 
 
 @pytest.mark.gpu
