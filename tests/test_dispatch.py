@@ -46,8 +46,9 @@ def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
     window = dispatch.backward(q, k, v, dout, (128, 0))  # sliding window: the sm90 kernels both ways (non-causal's)
     assert window == dispatch.Plan("hopper/bwd.py", configs.BWD_HOPPER[(128, False)], "one pass")
     assert dispatch.forward(q, k, v, (128, 0)) == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(128, False)])
-    packed_window = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed with a window: the portable backward
-    assert dispatch.backward(*packed_window, (128, 0), packed=True).kernel == "portable/bwd.py"
+    packed_window = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed with a window: the sm90 kernels too
+    assert dispatch.backward(*packed_window, (128, 0), packed=True).design == "one pass"
+    assert dispatch.backward(*packed_window, (128, 0), packed=True, deterministic=True).kernel == "portable/bwd.py"
     assert dispatch.forward(*packed_window[:3], (128, 0), 4096).kernel == "hopper/fwd.py"
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed sequences: the one pass, not the two kernels
     assert dispatch.backward(*packed, (-1, -1), packed=True).kernel == "hopper/bwd.py"

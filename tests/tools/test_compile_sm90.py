@@ -196,11 +196,13 @@ def test_a_padded_head_dim_compiles_as_its_tiles(head_dim, tile):
 
 
 def test_hopper_backward_compiles_with_a_window():
-    """A sliding window (left, right) in each sm90 backward kernel (one pass and two kernels at D=128, the dQ kernel,
-    D=256's split kernel): the same products and shared memory as without it, wgmma asynchronous; the two-kernel dK/dV
-    kernel spills a few loop-invariant scalars, as causal does (test_hopper_backward_compiles_for_sm90)."""
+    """A sliding window (left, right) in each sm90 backward kernel (one pass and two kernels at D=128, the one pass on
+    packed sequences, the dQ kernel, D=256's split kernel): the same products and shared memory as without it, wgmma
+    asynchronous; the two-kernel dK/dV kernel spills a few loop-invariant scalars, as causal does
+    (test_hopper_backward_compiles_for_sm90)."""
     calls = ["compile_hopper_bwd(False, True, 128, window={w})", "compile_hopper_bwd(False, False, 128, window={w})",
-             "compile_hopper_dq(False, window={w})", "compile_hopper_split(False, window={w})"]
+             "compile_hopper_bwd(False, True, 128, True, window={w})", "compile_hopper_dq(False, window={w})",
+             "compile_hopper_split(False, window={w})"]
     listed = ", ".join("compile_sm90." + c.format(w=w) for c in calls for w in ((256, 0), None))
     rows = _compiled_rows(f"[{listed}]")
     for windowed, plain in zip(rows[::2], rows[1::2]):

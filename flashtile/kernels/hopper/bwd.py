@@ -61,6 +61,7 @@ from .common import (
     view_layout,
     views,
     wgmma_layout,
+    windowed,
 )
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
@@ -134,17 +135,23 @@ def _program(BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, IS_VARLEN: gl.constexpr):
-    """Sequence b's first rows in the Q and K views, its lengths and causal offset. Batch mode: b's rows per batch
-    and the launch's lengths and ``diag``; packed (IS_VARLEN): from cu_seqlens, ``diag`` 1 for bottom-right
-    (each sequence's seqlen_k − seqlen_q) or 0."""
+def _sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag, diag_left):
+    """Sequence b's first rows in the Q and K views, its lengths and band (query i sees keys i + diag_left ..
+    i + diag). Batch mode: b's rows per batch and the launch's lengths, ``diag`` and ``diag_left``; packed
+    (IS_VARLEN): from cu_seqlens, ``diag`` 1 for bottom-right (each sequence's seqlen_k − seqlen_q) or 0, or with a
+    window (MASK_LEFT) both sides as offsets from the sequence's diagonal (Switches.BOTTOM_RIGHT)."""
     q_row, k_row, seqlen_q, seqlen_k = sequence_rows(b, b * vw.q_rows_b, b * vw.k_rows_b, vw.seqlen_q, vw.seqlen_k,
-                                                     cu_seqlens_q, cu_seqlens_k, IS_VARLEN)
-    if IS_VARLEN:  # (the launch's seqlen_q, seqlen_k: the longest, which dQacc and the grid are sized for)
-        diag = (seqlen_k - seqlen_q) * diag
+                                                     cu_seqlens_q, cu_seqlens_k, sw.IS_VARLEN)
+    if sw.IS_VARLEN:  # (the launch's seqlen_q, seqlen_k: the longest, which dQacc and the grid are sized for)
+        if sw.MASK_LEFT:
+            if sw.BOTTOM_RIGHT:
+                diag = diag + seqlen_k - seqlen_q
+                diag_left = diag_left + seqlen_k - seqlen_q
+        else:
+            diag = (seqlen_k - seqlen_q) * diag
         seqlen_q = gl.minimum(seqlen_q, vw.seqlen_q)
         seqlen_k = gl.minimum(seqlen_k, vw.seqlen_k)
-    return q_row, k_row, seqlen_q, seqlen_k, diag
+    return q_row, k_row, seqlen_q, seqlen_k, diag, diag_left
 
 
 @gluon.jit
@@ -173,7 +180,8 @@ def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, s
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     rows_layout: gl.constexpr = gl.BlockedLayout([sw.BLOCK_M // 32], [32], [1], [0])
     start_n, b, h_k = _program(sw.BLOCK_N)
-    q_row0, k_row0, seqlen_q, seqlen_k, diag = _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, sw.IS_VARLEN)
+    q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = _sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag,
+                                                                    diag_left)
     k_row = k_row0 + h_k * vw.k_rows_h
     lse_row0 = q_row0 if sw.IS_VARLEN else 0  # packed LSE: (nheads, total rows)
     mbarrier.expect(smem.kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
@@ -251,7 +259,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, grou
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
     start_n, b, h_k = _program(sw.BLOCK_N)
-    _, k_row0, seqlen_q, seqlen_k, diag = _sequence(vw, b, cu_seqlens_q, cu_seqlens_k, diag, sw.IS_VARLEN)
+    _, k_row0, seqlen_q, seqlen_k, diag, diag_left = _sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag, diag_left)
     first_key = start_n + half * HALF_N
     last_key = first_key + HALF_N - 1
     k_half = smem.k.index(half)
@@ -351,8 +359,8 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
                                  STAGES: gl.constexpr, SWITCHES: gl.constexpr, REGS: gl.constexpr):
     """Grid (K/V tiles of BLOCK_N keys of the longest sequence, KV heads, batch (or sequences)). Query i sees keys
     i + diag_left .. i + diag (SWITCHES, a bwd_dq.BwdSwitches: each bound where its side is masked). Packed
-    (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k unused; ``diag`` 1 for
-    bottom-right causal, else 0 (see _sequence), no left side."""
+    (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k the longest; ``diag`` 1
+    for bottom-right causal, else 0, or with a window each side's offset from the sequence's diagonal (_sequence)."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     q_smem = allocate_tiles(q_desc, STAGES)
@@ -396,14 +404,12 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 
 
 def supports(q, k, v, dout, window_size):
-    """Calls the sm90 backward covers, in batch mode (any window) or packed (3-D q, k, v: full or causal, the one pass
-    only): a head dim of 16-byte rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a
-    configs.BWD_HOPPER entry, bf16/fp16, views a descriptor can read (dO addressed like Q: the loader reads both at the
-    same coordinates)."""
+    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only), any window: a head dim
+    of 16-byte rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a configs.BWD_HOPPER entry,
+    bf16/fp16, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
     varlen = q.dim() == 3
     if not (GLUON_VERSION_OK and q.dim() in (3, 4) and q.shape[-1] % 8 == 0
             and (head_dim_pad(q.shape[-1]), False) in configs.BWD_HOPPER and q.dtype in (torch.bfloat16, torch.float16)
-            and (not varlen or (window_size[0] < 0 and window_size[1] in (-1, 0)))
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, dout))):
         return False
     layout_q, layout_k = view_layout(q, varlen), view_layout(k, varlen)
@@ -416,7 +422,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim and causal flag);
     ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
-    or None. ``window_size`` (batch mode): as bwd_dq.band's."""
+    or None. ``window_size``: as bwd_dq.band's (packed: each sequence's band, _sequence)."""
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
@@ -424,7 +430,12 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
         q, k, v, dout, block_m, block_n // 2, packed is not None)
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
     batch = q.shape[0] if packed is None else cu_seqlens_q.numel() - 1
-    if packed:  # diag: 1 for each sequence's own diagonal (_sequence), else 0
+    if packed and windowed(window_size):  # each side as an offset from each sequence's diagonal (_sequence)
+        mask_right, _, diag, diag_left = band(causal, window_size, 0, 0, bottom_right)
+        mask_left = True
+        if window_size[0] < 0:  # open to the left: a side no row of any sequence reaches
+            diag_left = -max(q.shape[0], k.shape[0])
+    elif packed:  # diag: 1 for each sequence's own diagonal (_sequence), else 0
         mask_right, mask_left, diag, diag_left = causal, False, int(bottom_right), 0
     else:
         mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
@@ -438,7 +449,8 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
             nheads // nheads_k, softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
-    switches = BwdSwitches(mask_right, mask_left, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None)
+    switches = BwdSwitches(mask_right, mask_left, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None,
+                           BOTTOM_RIGHT=bottom_right)
     kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, SWITCHES=switches,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
@@ -483,8 +495,8 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors,
     offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
-    same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size`` (batch mode,
-    (left, right)): a sliding window instead of ``causal``'s mask (bwd_dq.band).
+    same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size`` ((left, right)):
+    a sliding window instead of ``causal``'s mask (bwd_dq.band).
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
     design = config.design(deterministic)

@@ -43,12 +43,14 @@ class BwdSwitches(NamedTuple):
     """A backward launch's compile-time switches, one constexpr argument of each sm90 backward kernel (band() and the
     launchers set them): keys past a row's last visible one masked (causal, or a window's right side), keys before its
     first visible one masked (a window's left side), delta given (the dQ kernel), dQ added by the copy engine (the
-    dK/dV kernel in one pass), packed sequences."""
+    dK/dV kernel in one pass), packed sequences (with a window: each sequence's band from its bottom-right diagonal,
+    or its top-left one)."""
     MASK_RIGHT: bool
     MASK_LEFT: bool = False
     DELTA_IN: bool = False
     DQ_REDUCE: bool = False
     IS_VARLEN: bool = False
+    BOTTOM_RIGHT: bool = True
 
 
 def band(causal, window_size, seqlen_q, seqlen_k, bottom_right):
@@ -75,6 +77,7 @@ class Switches:
     DELTA_IN: gl.constexpr
     DQ_REDUCE: gl.constexpr
     IS_VARLEN: gl.constexpr  # packed sequences (cu_seqlens): the dK/dV kernel's one pass
+    BOTTOM_RIGHT: gl.constexpr  # (packed, with MASK_LEFT: each sequence's diagonal)
 
     @triton.constexpr_function
     def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):

@@ -158,6 +158,11 @@ def allocate_tiles(desc, count, _semantic=None):
                                      smem_layout(rows, cols, desc.dtype), _semantic=_semantic)
 
 
+def windowed(window_size):
+    """Whether ``window_size`` (left, right) is a sliding window, not full or causal attention."""
+    return window_size is not None and not (window_size[0] < 0 and window_size[1] in (-1, 0))
+
+
 def view_layout(t, varlen):
     """((rows, width, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
     reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim) strides; a

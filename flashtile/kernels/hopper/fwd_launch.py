@@ -6,7 +6,7 @@ from triton.experimental.gluon import language as gl
 from ..common.online_softmax import LOG2E
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, next_pow2, num_sms
-from .common import GLUON_VERSION_OK, head_coord, same_rows, tile_descriptor, view, view_layout
+from .common import GLUON_VERSION_OK, head_coord, same_rows, tile_descriptor, view, view_layout, windowed
 from .fwd import flash_fwd_hopper_kernel
 from .fwd_bundles import FwdSwitches
 from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter, uses_claims, uses_frozen_max
@@ -20,11 +20,6 @@ def supports(q, k, v, window_size):
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] % 8 == 0
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and view_layout(q, varlen) is not None and same_rows(view_layout(v, varlen), view_layout(k, varlen)))
-
-
-def windowed(window_size):
-    """Whether ``window_size`` (left, right) is a sliding window, not full or causal attention."""
-    return window_size is not None and not (window_size[0] < 0 and window_size[1] in (-1, 0))
 
 
 def window_sides(causal, window_size, rows_q, rows_k):

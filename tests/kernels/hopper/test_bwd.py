@@ -93,8 +93,9 @@ def test_window_launch_arguments():
 
 def test_packed_launch_arguments():
     """Packed sequences (3-D q, k, v): the grid covers the longest sequence's keys for every (sequence, KV head); the
-    kernel takes cu_seqlens, the longest lengths (it bounds each sequence's by them), the bottom-right flag as diag,
-    no batch strides (dK, dV, the (nheads, total) LSE); dQacc has a batch entry per sequence."""
+    kernel takes cu_seqlens, the longest lengths (it bounds each sequence's by them), the bottom-right flag as diag
+    (with a window: each side's offset from a sequence's diagonal, a side open to the left one past every row), no
+    batch strides (dK, dV, the (nheads, total) LSE); dQacc has a batch entry per sequence."""
     from flashtile.kernels.hopper import bwd as bwd_hopper
     q, dout = torch.randn(300, 8, 128, dtype=torch.bfloat16), torch.randn(300, 8, 128, dtype=torch.bfloat16)
     k, v = (torch.randn(500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -114,6 +115,16 @@ def test_packed_launch_arguments():
     assert (values["stride_dkb"], values["stride_dkn"], values["stride_dkh"]) == (0, 256, 128)
     assert (values["stride_lb"], values["stride_lh"]) == (0, 300)
     assert values["q_rows_b"] == values["q_rows_h"] == 0 and values["q_col_h"] == 128
+    cases = {(100, 50): (True, True, 50, -100), (128, -1): (False, True, 0, -128), (-1, 64): (True, True, 64, -500),
+             (0, 0): (True, True, 0, 0)}
+    for window, (right, left, diag, diag_left) in cases.items():  # each side's offset from each sequence's diagonal
+        for bottom_right in (True, False):
+            _, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, False, bottom_right, config,
+                                                     dq_acc, packed=packed, window_size=window)
+            values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
+            sw = kwargs["SWITCHES"]
+            assert (sw.MASK_RIGHT, sw.MASK_LEFT, values["diag"], values["diag_left"]) == (right, left, diag, diag_left)
+            assert sw.IS_VARLEN and sw.BOTTOM_RIGHT == bottom_right
     with pytest.raises(ValueError, match="packed sequences take the one pass"):
         bwd_hopper.launch_bwd_hopper(dout, q, k, v, q, lse, q, dk, dv, 0.1, True, True, deterministic=True,
                                      config=config, packed=packed)
@@ -122,7 +133,7 @@ def test_packed_launch_arguments():
 def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
     with any window, and head dims of 16-byte rows in tiles of those (40, 80, 96, 192) with their tiles' configs;
-    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic), full or causal;
+    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic), any window;
     other head dims (rows not of 16 bytes, tiles of 32 columns) stay portable."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
@@ -146,7 +157,7 @@ def test_backward_dispatch(monkeypatch):
     assert taken("auto", 4096, head_dim=96, packed=True) == ok and not taken("auto", 4096, head_dim=192, packed=True)
     for window in ((256, 0), (100, 100), (128, -1), (-1, 64)):
         assert taken("auto", 4096, window=window) == taken("auto", 4096, 256, window) == ok
-        assert not taken("auto", 4096, window=window, packed=True)
+        assert taken("auto", 4096, window=window, packed=True) == ok
     assert taken("auto", 4096, packed=True) == taken("auto", 4096, head_dim=64, packed=True) == ok
     assert not taken("auto", 4096, packed=True, deterministic=True)
     assert not taken("auto", 4096, head_dim=256, packed=True)
@@ -169,8 +180,8 @@ def test_supports_reads_do_like_q_and_v_like_k():
     assert not bwd_hopper.supports(q, k[..., :64], v[..., :64], dout, (-1, 0))  # rows of 64 columns in a 128 stride
     unaligned = torch.randn(2 * 64 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 4, 128)
     assert not bwd_hopper.supports(q, k, v, unaligned, (-1, 0))
-    assert bwd_hopper.supports(q, k, v, dout, (128, 0))  # a sliding window: batch mode only
-    assert not bwd_hopper.supports(*(t.flatten(0, 1) for t in (q, k, v, dout)), (128, 0))
+    assert bwd_hopper.supports(q, k, v, dout, (128, 0))  # a sliding window, batch mode and packed
+    assert bwd_hopper.supports(*(t.flatten(0, 1) for t in (q, k, v, dout)), (128, 0))
     packed = torch.randn(2, 64, 3, 4, 128, dtype=torch.bfloat16)  # flash_attn_qkvpacked_func's, or a fused projection's
     assert bwd_hopper.supports(*packed.unbind(2), dout, (-1, 0))
 
@@ -379,27 +390,30 @@ def test_packed_qkv_read_in_place(head_dim, causal):
 @pytest.mark.gpu
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0), (100, 100), (-1, 64), (64, -1)],
+                         ids=["full", "causal", "w256_0", "w100_100", "w-1_64", "w64_-1"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
-def test_packed_sequences(head_dim, causal, dtype):
+def test_packed_sequences(head_dim, window, dtype):
     """flash_attn_varlen_func's gradients on the sm90 one pass: ragged sequences (one without queries, one without
-    keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q; against float64 within 2x
-    of PyTorch's own error, and those rows' dQ zero."""
+    keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q; full, causal and sliding
+    windows (each sequence's band from its own diagonal); against float64 within 2x of PyTorch's own error, and those
+    rows' dQ zero."""
     from helpers import torch_attention_varlen, varlen_inputs
     seqlens_q, seqlens_k = [5, 0, 700, 333, 1, 1024], [9, 12, 700, 1300, 0, 1024]
     q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, head_dim, dtype)
     q_pad = torch.cat([q, randn(19, 4, head_dim, dtype=dtype)])
     dout = randn(*q_pad.shape, dtype=dtype)
     packed = [t.detach() for t in (q_pad, k, v, dout)]
-    assert dispatch.backward(*packed, (-1, 0) if causal else (-1, -1), True).kernel == "hopper/bwd.py"
+    assert dispatch.backward(*packed, window, True).kernel == "hopper/bwd.py"
     with poisoned_outputs():
         out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, 1024, 1300, causal=causal), (q_pad, k, v), dout)
+            q, k, v, cu_q, cu_k, 1024, 1300, window_size=window), (q_pad, k, v), dout)
     rows = q.shape[0]
     assert torch.equal(dq[rows:], torch.zeros_like(dq[rows:]))
-    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=causal)[0], (q, k, v),
-                    dout[:rows].double())
-    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, causal), (q, k, v), dout[:rows])
+    ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, window_size=window)[0],
+                    (q, k, v), dout[:rows].double())
+    base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, False, window), (q, k, v),
+                     dout[:rows])
     assert_grads_close((out[:rows], dq[:rows], dk, dv), ref, base)
 
 

@@ -25,7 +25,7 @@ from flashtile.bench import inputs
 from flashtile.kernels.common.tiles import head_dim_pad, num_sms
 from flashtile.kernels.hopper import fwd as fwd_hopper
 from flashtile.kernels.hopper import fwd_launch, fwd_schedule
-from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+from flashtile.kernels.hopper.common import GLUON_VERSION_OK, windowed
 
 
 def test_supports_half_precision_and_sliding_windows():
@@ -108,7 +108,7 @@ def test_window_launch_arguments(window, sides):
     assert (sw.MASK_RIGHT, sw.MASK_LEFT, named["right"], named["left"]) == sides
     if not causal:
         assert not sw.FROZEN_MAX and named["counter"] is None and sw.SCHEDULE == (2 if cfg.persistent else 1)
-    assert (fwd_schedule.counter_size(cfg, causal, q, None, None, fwd_launch.windowed(window)) > 0) == causal
+    assert (fwd_schedule.counter_size(cfg, causal, q, None, None, windowed(window)) > 0) == causal
     cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 1300, 2600], dtype=torch.int32)
     _, args, kwargs = fwd_launch.launch_args(q.flatten(0, 1), k.flatten(0, 1), k.flatten(0, 1), out.flatten(0, 1),
                                              lse.transpose(0, 1).flatten(1), cu_q, cu_k, 1000, 0.125, causal, True, cfg,
