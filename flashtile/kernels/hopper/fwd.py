@@ -32,7 +32,7 @@ everything before it overflows float32: a warpgroup whose O or row sums are then
 stores nothing and queues its rows in ``counter``; once every program is done, the launch's last one recomputes
 them exactly (kernels/hopper/exact_rows.py).
 
-A sliding window (MASK_LEFT, batch mode) makes an item start at the K/V tile that holds its first row's first key and
+A sliding window (MASK_LEFT) makes an item start at the K/V tile that holds its first row's first key and
 masks the tiles that cross either side of the band; FROZEN_MAX is off there (a row's first tile may hold none of its
 keys).
 
