@@ -114,13 +114,13 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
 
 def test_info_says_a_window_runs_the_sm90_kernels(capsys):
     """--window: on sm90 a sliding window runs the sm90 forward with both sides of the band masked (the non-causal
-    config, no FROZEN_MAX) and the sm90 backward's one pass."""
+    config, FROZEN_MAX in bf16 at D=128) and the sm90 backward's one pass."""
     assert cli.main(["info", "--window", "256", "0"]) == 0
     out = capsys.readouterr().out
     assert "head dim 128, window (256, 0))" in out
     line = next(line for line in out.splitlines() if line.startswith("on an sm90 GPU"))
     assert "kernels/hopper/fwd.py" in line and "FwdSwitches(MASK_RIGHT=True, MASK_LEFT=True," in line
-    assert "FROZEN_MAX=False" in line
+    assert "FROZEN_MAX=True" in line
     assert "the backward runs, in kernels/, portable/bwd.py (delta, zeroed dQ) -> hopper/bwd.py" in out
 
 

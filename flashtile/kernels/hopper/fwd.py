@@ -33,8 +33,9 @@ stores nothing and queues its rows in ``counter``; once every program is done, t
 them exactly (kernels/hopper/exact_rows.py).
 
 A sliding window (MASK_LEFT) makes an item start at the K/V tile that holds its first row's first key and
-masks the tiles that cross either side of the band; FROZEN_MAX is off there (a row's first tile may hold none of its
-keys).
+masks the tiles that cross either side of the band. A row's first tile may then hold none of its keys, so with
+FROZEN_MAX a warpgroup keeps the running maximum up to the tile where its last row meets its first key
+(_window_step), and freezes from there.
 
 Tensors are read through 2-D descriptors over (rows, row stride) views: a head's rows of one sequence
 are ``row_base + n`` at column ``col``. Rows past a sequence belong to its neighbour (or are zero-filled
@@ -206,6 +207,24 @@ def _rebase(m_ref, l_i):
 
 
 @gluon.jit
+def _window_step(scores, j, j0, m_i, m_ref, l_i, qk_scale, sw):
+    """FROZEN_MAX under a window (MASK_LEFT), tile j of an item: up to tile j0 the running maximum, as an item's first
+    tile takes it (a row of the warpgroup may meet its first key there), then the frozen reference, moved up at j0 + 1
+    and every REBASE_EVERY-th tile after. Returns P, alpha (what O takes), m_i, the reference and l."""
+    if j <= j0:
+        p, alpha, m_i, _ = online_softmax_step(m_i, 0.0, scores, qk_scale, sw.MAY_BE_EMPTY)
+        l_i = _lane_sums(l_i, alpha, p, sw.BLOCK_N)
+        m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)
+    else:
+        alpha = gl.full_like(m_ref, 1.0)
+        if (j - j0) % REBASE_EVERY == 1:
+            m_ref, l_i, alpha = _rebase(m_ref, l_i)
+        p = gl.exp2(scores * qk_scale - m_ref[:, None])  # [WG_M, BLOCK_N]
+        l_i = _lane_sums(l_i, None, p, sw.BLOCK_N)
+    return p, alpha, m_i, m_ref, l_i
+
+
+@gluon.jit
 def _operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, CONVERT: gl.constexpr):
     """P as the 16-bit A operand of P·V, in registers (with CONVERT; else P already is)."""
     if CONVERT:
@@ -310,6 +329,9 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             l_i = _lane_sums(None, alpha, p, sw.BLOCK_N)  # the step's own l (unused) is left to dead code
         m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)  # FROZEN_MAX: every later tile's reference
         alpha = gl.full_like(m_ref, 1.0)  # FROZEN_MAX: what the last _rebase scaled by
+        j0 = 0  # FROZEN_MAX: the last tile that keeps the running maximum
+        if sw.FROZEN_MAX and sw.MASK_LEFT:  # a window: the tile where this warpgroup's last row meets its first key
+            j0 = gl.minimum(gl.maximum(start_m + wg * WG_M + WG_M - 1 + diag_left, 0) // sw.BLOCK_N, n_own - 1)
         p = _operand(p, p_layout, dtype, sw.EARLY_P)
         for j in range(1, n_own):
             stage = (g + j) % sw.STAGES
@@ -340,7 +362,11 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             if not sw.STAGE_K or j < n_own - 1:
                 mbarrier.arrive(ring.k_free.index(stage))
             with pl.scope("softmax"):
-                if sw.FROZEN_MAX:
+                if sw.FROZEN_MAX and sw.MASK_LEFT:
+                    p, alpha, m_i, m_ref, l_i = _window_step(
+                        _scores(s, j, full_lo, n_full, offs_m, sk, diag, diag_left, sw, s_layout), j, j0, m_i, m_ref,
+                        l_i, outs.qk_scale, sw)
+                elif sw.FROZEN_MAX:
                     if j % REBASE_EVERY == 1:
                         m_ref, l_i, alpha = _rebase(m_ref, l_i)
                     p = gl.exp2(_scores(s, j, full_lo, n_full, offs_m, sk, diag, diag_left, sw, s_layout)
@@ -357,6 +383,9 @@ def _consume_item(wg: gl.constexpr, sw, ring, pb, outs, o_desc, start_m, b, h, q
             p = _operand(p, p_layout, dtype, sw.EARLY_P)  # with P·V done, its operand's registers are free
             if not sw.FROZEN_MAX:
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            elif sw.MASK_LEFT:
+                if (j <= j0) | ((j - j0) % REBASE_EVERY == 1):
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             elif j % REBASE_EVERY == 1:  # O up to tile j - 1 joins its rows' new reference
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         last = (g + n_own - 1) % sw.STAGES
@@ -541,9 +570,5 @@ def flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Sinks, Qp, K
             (_load_partition, (sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, cu_seqlens_q,
                                cu_seqlens_k)),
         ], [4, 1], [sw.REGS, 24])
-    if sw.FROZEN_MAX:  # (after the partitions joined, with the kernel's arguments at hand, not in their registers)
-        gl.static_assert(not sw.MASK_LEFT, "the redo (exact_rows) takes no sliding window")
-        redo(counter, O, LSE, Sinks, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k, q_rows_b,
-              q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_lb, stride_lh,
-              seqlen_q, seqlen_k, nheads, group, n_m, qk_scale, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, sw.MASK_RIGHT,
-              sw.BOTTOM_RIGHT, sw.IS_VARLEN, sw.MAY_BE_EMPTY, sw.HAS_SINK)
+    if sw.FROZEN_MAX:  # (after the partitions joined)
+        redo(counter, sw, pb, outs, Qp, Kp, Vp, q_width, k_width, v_width, cu_seqlens_q, cu_seqlens_k)

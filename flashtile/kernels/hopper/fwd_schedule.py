@@ -158,9 +158,9 @@ def uses_claims(config, causal, varlen, seqlen_q):
 
 
 def uses_frozen_max(config, dtype, windowed=False):
-    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow far past fp16's range), no sliding window (an item's
-    first tile may hold none of a row's keys)."""
-    return config.frozen_max and dtype == torch.bfloat16 and not windowed
+    """Whether the launch takes FROZEN_MAX: bf16 only (P may grow far past fp16's range); under a sliding window only
+    with two consumer warpgroups (three, at 160 registers each, spill the window's running-maximum tiles)."""
+    return config.frozen_max and dtype == torch.bfloat16 and (not windowed or config.block_m <= 2 * WG_M.value)
 
 
 def counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed=False):

@@ -25,7 +25,7 @@ from flashtile.bench import inputs
 from flashtile.kernels.common.tiles import head_dim_pad, num_sms
 from flashtile.kernels.hopper import fwd as fwd_hopper
 from flashtile.kernels.hopper import fwd_launch, fwd_schedule
-from flashtile.kernels.hopper.common import GLUON_VERSION_OK, windowed
+from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
 
 def test_supports_half_precision_and_sliding_windows():
@@ -94,21 +94,29 @@ def test_launch_arguments():
 def test_window_launch_arguments(window, sides):
     """A sliding window: (MASK_RIGHT, MASK_LEFT) and the runtime sides (right, left), a window open to the left taking a
     side no row reaches (max(Nq, Nk); packed: max of the total rows); the non-causal schedule (single Q tiles when
-    persistent), no FROZEN_MAX in bf16 (so no counter) and no claims. (-1, 0) is plain causal."""
+    persistent), no claims, FROZEN_MAX in bf16 with two consumer warpgroups (its counter holds the redo queue), not with
+    D=64's three. (-1, 0) is plain causal."""
     q = torch.randn(2, 1000, 8, 128, dtype=torch.bfloat16)
     k = torch.randn(2, 1300, 2, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 8, 1000)
     causal = window == (-1, 0)
     cfg = configs.FWD_HOPPER[(128, causal)]
-    assert cfg.frozen_max
+    assert cfg.frozen_max and cfg.block_m == 128
     grid, args, kwargs = fwd_launch.launch_args(q, k, k, out, lse, None, None, None, 0.125, causal, True, cfg,
                                                 window_size=window)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     sw = kwargs["SWITCHES"]
     assert (sw.MASK_RIGHT, sw.MASK_LEFT, named["right"], named["left"]) == sides
+    assert sw.FROZEN_MAX and named["counter"].numel() == fwd_schedule.counter_size(cfg, causal, q, None, None)
     if not causal:
-        assert not sw.FROZEN_MAX and named["counter"] is None and sw.SCHEDULE == (2 if cfg.persistent else 1)
-    assert (fwd_schedule.counter_size(cfg, causal, q, None, None, windowed(window)) > 0) == causal
+        assert sw.SCHEDULE == (2 if cfg.persistent else 1)
+        three = configs.FWD_HOPPER[(64, False)]
+        assert three.frozen_max and three.block_m == 192
+        q64, k64 = q[..., :64].contiguous(), k[..., :64].contiguous()
+        _, args, kwargs = fwd_launch.launch_args(q64, k64, k64, q64, lse, None, None, None, 0.125, False, True, three,
+                                                 window_size=window)
+        assert not kwargs["SWITCHES"].FROZEN_MAX and dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names,
+                                                               args))["counter"] is None
     cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 1300, 2600], dtype=torch.int32)
     _, args, kwargs = fwd_launch.launch_args(q.flatten(0, 1), k.flatten(0, 1), k.flatten(0, 1), out.flatten(0, 1),
                                              lse.transpose(0, 1).flatten(1), cu_q, cu_k, 1000, 0.125, causal, True, cfg,
@@ -446,8 +454,8 @@ def test_window_varlen(head_dim, window_size, forward_backend):
 @pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("kind", ["large", "rising", "falling", "dominant"])
 def test_window_inputs_beyond_the_normal(kind):
-    """bf16 inputs whose scores are large, rise or fall along the keys or have one dominant key, under a causal window
-    (the windowed forward runs the plain online softmax, no FROZEN_MAX)."""
+    """bf16 inputs whose scores are large, rise or fall along the keys or have one dominant key, under a causal
+    window."""
     q, k, v = inputs.make(kind, 1, 4096, 8, 128, nheads_k=2)
     check_inputs(q, k, v, False, (700, 0))
 
@@ -674,13 +682,14 @@ def test_claims_under_cuda_graph(forward_backend, monkeypatch):
         assert all(torch.equal(out, expected) for out in outs)
 
 
-def check_rising_scores(head_dim, causal, kind, seqlen=3000, sinks=None):
+def check_rising_scores(head_dim, causal, kind, seqlen=3000, sinks=None, window_size=(-1, -1)):
     """``kind`` "rising": scores that rise along the keys, by about 100 log2 units in the query heads of KV head 0 and
     40 in KV head 1's; their rows move their reference up as the sums grow (kernels/hopper/fwd.py, _rebase) and none
     falls back. "dominant": one key (the middle one) 140 log2 units above the rest in KV head 0's query heads (P
     stays finite, nothing falls back); "past": 220 above, where P overflows float32, so those rows fall back
     to kernels/hopper/exact_rows.py. The other rows are random. Poisoned
-    outputs show rows nobody stored. ``sinks``: learnable_sink (4,), against the reference with them."""
+    outputs show rows nobody stored. ``sinks``: learnable_sink (4,), against the reference with them; ``window_size``:
+    a sliding window (the middle key inside some rows' windows)."""
     q = randn(2, seqlen, 4, head_dim, dtype=torch.bfloat16)
     k, v = (randn(2, seqlen, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
     rises = {"rising": ((0, 100.0), (1, 40.0)), "dominant": ((0, 140.0), ), "past": ((0, 220.0), )}[kind]
@@ -696,10 +705,11 @@ def check_rising_scores(head_dim, causal, kind, seqlen=3000, sinks=None):
     for counter in fwd_schedule.COUNTERS.values():
         counter.zero_()
     with poisoned_outputs():
-        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, learnable_sink=sinks)
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, sinks=sinks)
-    base = (torch_attention(q, k, v, causal) if sinks is None
-            else reference.attention(q, k, v, causal=causal, sinks=sinks, upcast=False)[0])
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                                return_attn_probs=True, learnable_sink=sinks)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, window_size=window_size, sinks=sinks)
+    base = (torch_attention(q, k, v, causal, window_size) if sinks is None
+            else reference.attention(q, k, v, causal=causal, window_size=window_size, sinks=sinks, upcast=False)[0])
     assert_attention_close(out, ref, base, lse, ref_lse)
     torch.cuda.synchronize()  # a launch that queued rows for exact_rows.redo set the counts back to 0
     counters = list(fwd_schedule.COUNTERS.values())
@@ -725,6 +735,26 @@ def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
         check_rising_scores(head_dim, causal, "rising")
         check_rising_scores(head_dim, causal, "dominant")
         check_rising_scores(head_dim, causal, "past")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("window_size", [(1000, 0), (700, 300), (-1, 500)], ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("head_dim", [96, 128, 256], ids=lambda d: f"d{d}")
+def test_frozen_max_under_a_window(head_dim, window_size, forward_backend):
+    """FROZEN_MAX under a sliding window (bf16, two consumer warpgroups): each warpgroup keeps the running maximum up to
+    the tile where its last row meets its first key (fwd._window_step), then freezes; scores that rise along the keys
+    and a key 140 log2 units above the rest need no redo, one 220 above sends its rows to the redo, which masks the
+    window too."""
+    if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
+        pytest.skip("the Hopper kernel's option")
+    q = randn(2, 3000, 4, head_dim, dtype=torch.bfloat16)
+    _, _, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), torch.empty(2, 4, 3000, device=q.device), None,
+                                          None, None, 0.1, False, True, dispatch.forward(q, q, q, window_size).config,
+                                          window_size=window_size)
+    assert kwargs["SWITCHES"].FROZEN_MAX and kwargs["SWITCHES"].MASK_LEFT
+    for kind in ("rising", "dominant", "past"):
+        check_rising_scores(head_dim, False, kind, window_size=window_size)
 
 
 @pytest.mark.gpu
