@@ -54,9 +54,9 @@ def is_causal(window_size: tuple[int, int]) -> bool:
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
             seqlen_q: Optional[int] = None, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
-    """The forward's plan: the sm90 kernel where hopper_forward_config gives a config (no softcap, no ALiBi), else the
-    portable kernel with fwd_config's tiles. ``seqlen_q``: the longest query sequence (q.shape[1] by default)."""
-    if not softcap and alibi_slopes is None:
+    """The forward's plan: the sm90 kernel where hopper_forward_config gives a config (no ALiBi; softcap too), else
+    the portable kernel with fwd_config's tiles. ``seqlen_q``: the longest query sequence (q.shape[1] by default)."""
+    if alibi_slopes is None:
         config = hopper_forward_config(q, k, v, window_size, seqlen_q)
         if config is not None:
             return Plan("hopper/fwd.py", config)

@@ -62,7 +62,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
                       alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Forward attention into ``out`` (any strided tensor shaped like q, or a new one). Returns (out, lse),
     lse float32 (batch, nheads, seqlen_q) or (nheads, total_q), natural log. ``config`` overrides the tile
-    config (the tile sweep uses it). ``softcap``, ``alibi_slopes``: flash-attn's (the portable kernel). ``sinks``
+    config (the tile sweep uses it). ``softcap``, ``alibi_slopes``: flash-attn's (ALiBi: the portable kernel). ``sinks``
     (float32 (nheads,), contiguous): a learned logit per head that joins each row's softmax denominator only (gpt-oss's
     attention sinks); the LSE counts it."""
     packed = cu_seqlens_q is not None
@@ -99,7 +99,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
         fwd_launch = dispatch.hopper("fwd_launch")
         fwd_launch.launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                                      dispatch.is_causal(window_size), bottom_right, plan.config, sinks, found,
-                                     window_size)
+                                     window_size, softcap)
         again = fwd_launch.launch_again
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,

@@ -126,10 +126,10 @@ for step in "$@"; do
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
         -k "window or test_gradients or deterministic or packed_sequences" 2>&1 | grep -E "passed|failed|FAILED|Error" \
         | tee "$out/window-tests.log" ;;
-    window-fwd-tests)  # sliding windows on the sm90 forward (D=64 to 256, bf16 and fp16, forced onto short lengths),
+    window-fwd-tests)  # sliding windows and softcap on the sm90 forward (D=64 to 256, bf16 and fp16, short lengths),
       # with the forward's tests of the code the window touched (the three-warpgroup items, FROZEN_MAX, claims)
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
-        -k "not portable and (window or three_consumer or d64_causal or frozen_max or ragged or covers_the_common)" \
+        -k "not portable and (window or softcap or three_consumer or d64_causal or frozen_max or ragged or covers_the_common)" \
         2>&1 | grep -E "passed|failed|FAILED|Error" | tee "$out/window-fwd-tests.log" ;;
     padded-bench)  # D=96 and 192 against the portable kernels (the path before), FA4 (where PYTHONPATH has it),
       # cuDNN and FA2

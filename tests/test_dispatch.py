@@ -41,8 +41,10 @@ def test_sm90_plans_name_the_gluon_kernels_and_their_configs(sm90, head_dim, cau
 
 def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
     q, k, v, dout = tensors(4096, 128)
-    softcap = dispatch.forward(q, k, v, (-1, -1), softcap=30.0)
-    assert softcap == dispatch.Plan("portable/fwd.py", configs.FWD_SM90[(128, False)])
+    softcap = dispatch.forward(q, k, v, (-1, -1), softcap=30.0)  # the sm90 forward caps scores; ALiBi is portable's
+    assert softcap == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(128, False)])
+    alibi = dispatch.forward(q, k, v, (-1, -1), alibi_slopes=torch.ones(8))
+    assert alibi == dispatch.Plan("portable/fwd.py", configs.FWD_SM90[(128, False)])
     window = dispatch.backward(q, k, v, dout, (128, 0))  # sliding window: the sm90 kernels both ways (non-causal's)
     assert window == dispatch.Plan("hopper/bwd.py", configs.BWD_HOPPER[(128, False)], "one pass")
     assert dispatch.forward(q, k, v, (128, 0)) == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(128, False)])
@@ -116,7 +118,7 @@ def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, window, monkeypatch):
     fwd_launch, bwd = dispatch.hopper("fwd_launch"), dispatch.hopper("bwd")
 
     def forward(*args):
-        assert args[9] == dispatch.is_causal(window) and args[-1] == window
+        assert args[9] == dispatch.is_causal(window) and args[14:] == (window, 0.0)
         calls.append(("forward", args[11]))
     monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", forward)
 

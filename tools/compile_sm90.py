@@ -141,10 +141,11 @@ def compile_decode(head_dim, pad, cfg, paged, tma, rows):
     return dict(row, head_dim=head_dim, paged=paged, tma=tma, rows=rows)
 
 
-def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=False):
+def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=False, softcap=0.0):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
     whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)
-    ``window``: a sliding window (left, right) instead of the causal flag's mask; ``packed``: two packed sequences."""
+    ``window``: a sliding window (left, right) instead of the causal flag's mask; ``packed``: two packed sequences;
+    ``softcap``: flash-attn's (scores capped by tanh)."""
     import torch
 
     from flashtile.kernels.hopper import fwd as fwd_hopper
@@ -158,10 +159,10 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=F
         cu_seqlens = torch.tensor([0, seqlen, 2 * seqlen], dtype=torch.int32)
         sequences = (cu_seqlens, cu_seqlens, seqlen)
     grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *sequences, 0.1, causal, True, cfg,
-                                                window_size=window)
+                                                window_size=window, softcap=softcap)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
                 config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs,
-                window=window, varlen=packed)
+                window=window, varlen=packed, softcap=softcap)
 
 
 def _backward_inputs(head_dim, nheads_k):

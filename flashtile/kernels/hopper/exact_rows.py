@@ -11,7 +11,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step
+from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step, tanh
 from .common import tile_mask
 from .fwd_schedule import REDO_QUEUE, WG_M, counter_op
 
@@ -51,6 +51,8 @@ def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, 
         k = gl.load(K + (k_row + keys).to(gl.int64)[:, None] * k_width + k_col + cols[None, :],
                     mask=tile_mask(keys < sk, cols, HEAD_DIM), other=0.0)  # [BLOCK_N, HEAD_DIM_PAD]
         s = mma_v2(q, gl.convert_layout(gl.permute(k, (1, 0)), b_op), gl.zeros([64, BLOCK_N], gl.float32, layout=mma))
+        if sw.SOFTCAP_SCALE > 0:
+            s = tanh(s * sw.SOFTCAP_SCALE)
         offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
         ok = offs_n[None, :] < sk
         if sw.MASK_RIGHT:

@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step
+from ..common.online_softmax import LN2, LOG2E, fold_sink, online_softmax_step, tanh
 from .common import (
     allocate_tiles,
     as_tensor,
@@ -163,8 +163,10 @@ def _load_partition(sw, ring, pb, q_desc, k_desc, v_desc, counter, tail_heads, c
 
 @gluon.jit
 def _scores(s, j, full_lo, n_full, offs_m, seqlen_k, diag, diag_left, sw, s_layout: gl.constexpr):
-    """Tile j's scores, with keys past the sequence, past the diagonal (MASK_RIGHT) and before a window's start
-    (MASK_LEFT) at -inf: only in tiles outside [full_lo, n_full)."""
+    """Tile j's scores (softcapped: tanh(q·k · SOFTCAP_SCALE)), with keys past the sequence, past the diagonal
+    (MASK_RIGHT) and before a window's start (MASK_LEFT) at -inf: only in tiles outside [full_lo, n_full)."""
+    if sw.SOFTCAP_SCALE > 0:
+        s = tanh(s * sw.SOFTCAP_SCALE)
     masked = j >= n_full
     if sw.MASK_LEFT:
         masked = masked | (j < full_lo)

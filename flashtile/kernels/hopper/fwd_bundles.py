@@ -32,6 +32,7 @@ class FwdSwitches(NamedTuple):
     HAS_SINK: bool
     STAGES: int  # K/V tiles in the ring
     REGS: int  # registers per consumer thread
+    SOFTCAP_SCALE: float = 0.0  # > 0: scores capped by tanh(q·k · SOFTCAP_SCALE) (qk_scale carries the cap)
 
 
 @aggregate
@@ -58,6 +59,7 @@ class Switches:
     FROZEN_MAX: gl.constexpr
     HAS_SINK: gl.constexpr  # a learned sink logit per head (Outputs.Sinks)
     REGS: gl.constexpr
+    SOFTCAP_SCALE: gl.constexpr
 
     @triton.constexpr_function
     def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, switches):

@@ -3,7 +3,7 @@ arguments, and the launch, replayed after a launch key's first call (kernels/com
 import torch
 from triton.experimental.gluon import language as gl
 
-from ..common.online_softmax import LOG2E
+from ..common.online_softmax import score_scales
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, next_pow2, num_sms
 from .common import GLUON_VERSION_OK, head_coord, same_rows, tile_descriptor, view, view_layout, windowed
@@ -36,9 +36,10 @@ _REPLAYS = Replays()
 
 
 def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      bottom_right, config, sinks=None, found=None, window_size=None):
+                      bottom_right, config, sinks=None, found=None, window_size=None, softcap=0.0):
     """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig; ``sinks`` (float32
-    (nheads,) or None) a learned sink logit per head; ``window_size`` (left, right) a sliding window, or None. The first
+    (nheads,) or None) a learned sink logit per head; ``window_size`` (left, right) a sliding window, or None;
+    ``softcap`` > 0 caps the scores at ±softcap by tanh (flash-attn's softcap). The first
     call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors of this
     call's tensors. ``found`` (a list, or None) gets (the key's replay, its counter), which launch_again launches for a
     later call of the same key without its lookups (nothing where launches are not replayed)."""
@@ -46,11 +47,11 @@ def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     counter = stream_counter(q.device, size) if size else None
     key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, counter, sinks), max_seqlen_q, softmax_scale,
                      causal, bottom_right, config, None if counter is None else counter.data_ptr(),  # counter pinned
-                     window_size)
+                     window_size, softcap)
     replay = _REPLAYS.get(key)
     if replay is None:
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                         causal, bottom_right, config, counter, sinks, window_size)
+                                         causal, bottom_right, config, counter, sinks, window_size, softcap)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
                         ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Sinks", "Qp", "Kp", "Vp",
                          "cu_seqlens_q", "cu_seqlens_k"])
@@ -91,11 +92,11 @@ def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, co
 
 
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
-                config, counter=None, sinks=None, window_size=None):
+                config, counter=None, sinks=None, window_size=None, softcap=0.0):
     """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
     ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
     failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None;
-    ``window_size``: (left, right), or None (full or causal, by ``causal``)."""
+    ``window_size``: (left, right), or None (full or causal, by ``causal``); ``softcap``: flash-attn's (0: none)."""
     varlen = cu_seqlens_q is not None
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, k_layout, v_layout = view_layout(q, varlen), view_layout(k, varlen), view_layout(v, varlen)
@@ -134,16 +135,17 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
         counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed(window_size)),
                               dtype=torch.int32, device=q.device)
     mask_right, mask_left, right, left = window_sides(causal, window_size, q.shape[-3], k.shape[-3])
+    qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     args = (*descs, out, lse, lse if sinks is None else sinks, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0),
             cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,
             q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, *o_strides, *lse_strides, seqlen_q, seqlen_k, nheads,
-            nheads // nheads_k, n_m, n_bh, softmax_scale * LOG2E.value, right, left)
+            nheads // nheads_k, n_m, n_bh, qk_scale, right, left)
     switches = FwdSwitches(
         MASK_RIGHT=mask_right, MASK_LEFT=mask_left, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen,
         PINGPONG=config.pingpong, OVERLAP_PV=config.overlap_pv,
         STAGE_K=bool(config.o_kstage and next_pow2(head_dim) > 64 and config.block_m == 2 * WG_M.value
                      and not stage_o),
         STAGE_O=stage_o, EARLY_P=config.early_p, Q_REGS=config.q_regs, SCHEDULE=schedule, FROZEN_MAX=frozen,
-        HAS_SINK=sinks is not None, STAGES=config.num_stages, REGS=config.consumer_regs)
+        HAS_SINK=sinks is not None, STAGES=config.num_stages, REGS=config.consumer_regs, SOFTCAP_SCALE=softcap_scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, SWITCHES=switches, num_warps=4, maxnreg=config.maxnreg)
     return grid, args, kwargs

@@ -452,6 +452,27 @@ def test_window_varlen(head_dim, window_size, forward_backend):
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("forward_backend")
+@pytest.mark.parametrize("dtype", LOW, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "w1000_0"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
+def test_softcap(head_dim, window_size, dtype, forward_backend):
+    """flash-attn's softcap (Gemma 2's 50 on its attention scores: cap · tanh(score / cap)) on the sm90 forward
+    ("auto"): O and LSE against the float64 reference, scores past the cap (q scaled up), GQA, Nq != Nk,
+    on NaN-filled outputs; a call without the cap differs (the test sees the cap)."""
+    q = randn(2, 2100, 8, head_dim, dtype=dtype, scale=16.0)
+    k, v = (randn(2, 1700, 2, head_dim, dtype=dtype) for _ in range(2))
+    if torch.cuda.get_device_capability() == (9, 0) and forward_backend == "auto":
+        assert dispatch.forward(q, k, v, window_size, softcap=50.0).kernel == "hopper/fwd.py"
+    with poisoned_outputs():
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, window_size=window_size, softcap=50.0, return_attn_probs=True)
+    ref, ref_lse = reference.attention(q, k, v, window_size=window_size, softcap=50.0)
+    base = reference.attention(q, k, v, window_size=window_size, softcap=50.0, upcast=False)[0]
+    assert_attention_close(out, ref, base, lse, ref_lse)
+    assert (flashtile.flash_attn_func(q, k, v, window_size=window_size) - out).abs().max() > 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("kind", ["large", "rising", "falling", "dominant"])
 def test_window_inputs_beyond_the_normal(kind):
     """bf16 inputs whose scores are large, rise or fall along the keys or have one dominant key, under a causal
