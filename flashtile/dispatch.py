@@ -90,11 +90,13 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
              packed: bool = False, deterministic: bool = False, softcap: float = 0.0,
              alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
     """The backward's plan: the sm90 kernels (kernels/hopper/bwd.py launches them, in the config's design) on an sm90
-    GPU where hopper_backward_pick gives a config (no softcap, no ALiBi), else the portable backward with
-    bwd_config's tiles."""
+    GPU where hopper_backward_pick gives a config (no ALiBi; softcap where the config splits the gradients), else the
+    portable backward with bwd_config's tiles."""
     config = None
-    if not softcap and alibi_slopes is None and runs_gluon(q.device):
+    if alibi_slopes is None and runs_gluon(q.device):
         config = hopper_backward_pick(q, k, v, dout, window_size, packed, deterministic)
+    if softcap and config is not None and not config.split_gradients:  # capped: the split design (D=192, 256) only
+        config = None
     if config is not None:
         return Plan("hopper/bwd.py", config, config.design(deterministic))
     return Plan("portable/bwd.py", bwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),

@@ -217,7 +217,7 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         found = [] if plain and plan.design == "one pass" else None
         delta, sink_parts = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
                                    bottom_right, deterministic, plan.config, dlse=dlse, sinks=sinks, packed=packed,
-                                   found=found, window_size=window_size)
+                                   found=found, window_size=window_size, softcap=softcap)
         if found and all(r is not None for r in found):
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
             _ONE_PASS.put(key, (launch, plan.config, found), (configs.BWD_HOPPER, ))

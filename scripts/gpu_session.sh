@@ -122,9 +122,10 @@ for step in "$@"; do
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper \
         -k "d40 or d80 or d96 or d192 or padded or covers_the_common or taken_for or frozen_max" 2>&1 \
         | grep -E "passed|failed|FAILED|Error" | tee "$out/padded-tests.log" ;;
-    window-tests)  # sliding windows on the sm90 backward (both designs, D=64 to 256, packed), with its own tests
+    window-tests)  # sliding windows (both designs, D=64 to 256, packed) and softcap (D=192, 256) on the sm90 backward
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
-        -k "window or test_gradients or deterministic or packed_sequences" 2>&1 | grep -E "passed|failed|FAILED|Error" \
+        -k "window or test_gradients or deterministic or packed_sequences or softcap" 2>&1 \
+        | grep -E "passed|failed|FAILED|Error" \
         | tee "$out/window-tests.log" ;;
     window-fwd-tests)  # sliding windows and softcap on the sm90 forward (D=64 to 256, bf16 and fp16, short lengths),
       # with the forward's tests of the code the window touched (the three-warpgroup items, FROZEN_MAX, claims)

@@ -195,31 +195,32 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, wi
                 window=window)
 
 
-def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None):
+def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None, softcap=0.0):
     """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/hopper/bwd_split.py) with its shipped config,
-    8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants)."""
+    8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants);
+    ``window``, ``softcap`` as launch_args's."""
     import torch
 
     from flashtile.kernels.hopper import bwd_split as bwd_split_hopper
     q, k, lse = _backward_inputs(head_dim, nheads_k)
     config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
     grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
-                                                      0.1, causal, True, config, window)
+                                                      0.1, causal, True, config, window, softcap)
     row = _compile_gluon(bwd_split_hopper.flash_bwd_dkdv_split_kernel, args, kwargs)
-    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k, window=window)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k, window=window, softcap=softcap)
 
 
-def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False, window=None):
+def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False, window=None, softcap=0.0):
     """The Gluon dQ kernel (kernels/hopper/bwd_dq.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
     one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it; ``window`` as
-    compile_hopper_bwd's."""
+    compile_hopper_bwd's; ``softcap``: flash-attn's."""
     from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
     config = config or configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)].dq_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in,
-                                                   window)
+                                                   window, softcap)
     return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=head_dim,
-                config=list(config.__dict__.values()), causal=causal, window=window)
+                config=list(config.__dict__.values()), causal=causal, window=window, softcap=softcap)
 
 
 def compile_hopper_decode(layout, config=None):

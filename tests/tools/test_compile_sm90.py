@@ -245,6 +245,24 @@ def test_hopper_forward_compiles_with_a_softcap():
         assert not capped["serialized"] and capped["local"] <= max(plain["local"] + 16, 28), (capped, plain)
 
 
+def test_hopper_backward_compiles_with_a_softcap():
+    """flash-attn's softcap in the split design's two kernels (the dQ kernel computing or reading delta, the dK/dV
+    kernel of one warpgroup per gradient), D=256 and D=192 in its tiles, causal or not: the same products and shared
+    memory as without it, wgmma asynchronous, no more spills."""
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernel is written against triton 3.6")
+    calls = ["compile_hopper_dq({c}, head_dim={d}, softcap={s})", "compile_hopper_dq({c}, head_dim={d}, delta_in=True, "
+             "softcap={s})", "compile_hopper_split({c}, 2, {d}, softcap={s})"]
+    listed = ", ".join("compile_sm90." + call.format(c=c, d=d, s=s) for call in calls for c in (False, True)
+                       for d in (256, 192) for s in (0.0, 50.0))
+    rows = _compiled_rows(f"[{listed}]")
+    for plain, capped in zip(rows[::2], rows[1::2]):
+        assert plain["softcap"] == 0.0 and capped["softcap"] == 50.0
+        assert (capped["wgmma"], capped["shared"]) == (plain["wgmma"], plain["shared"]), (capped, plain)
+        assert not capped["serialized"] and capped["local"] <= plain["local"], (capped, plain)
+
+
 def test_hopper_forward_192_rows_compiles_for_sm90():
     """The forward with three consumer warpgroups (192-row tiles), causal too (its warpgroups stop at their
     own last rows, a code path the shipped configs compile only for D=64 non-causal): 16 warps whose consumers

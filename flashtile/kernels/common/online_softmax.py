@@ -48,6 +48,15 @@ def tanh(x):
 
 
 @triton.jit
+def capped_grad(p, lse, inv_qk_scale):
+    """1 − tanh² of a softcapped score (its derivative up to the constant scale, as modified_scores's) from its
+    probability p = exp2(tanh · qk_scale − lse), lse in log2 units broadcast like p: no tile of tanh kept alive
+    between the two products of a backward step. 0 where p is 0."""
+    t = (tl.math.log2(p) + lse) * inv_qk_scale
+    return tl.where(p > 0, 1.0 - t * t, 0.0)
+
+
+@triton.jit
 def modified_scores(qk, softcap_scale, slope, dist, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """flash-attn's softcap and ALiBi on raw scores q·k, in the units qk_scale then turns into log2 logits:
     tanh(q·k · softcap_scale) with SOFTCAP (qk_scale carries the cap), then minus slope · dist with HAS_ALIBI

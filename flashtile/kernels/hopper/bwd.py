@@ -485,7 +485,8 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None, sinks=None, packed=None, replays=None, found=None, window_size=None):
+                      config=None, dlse=None, sinks=None, packed=None, replays=None, found=None, window_size=None,
+                      softcap=0.0):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
     its rows in place of a preprocess launch (the Gluon dQ kernel, tiles ``config.dq_hopper``), then dK and dV (here,
@@ -496,9 +497,12 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
     same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size`` ((left, right)):
-    a sliding window instead of ``causal``'s mask (bwd_dq.band).
+    a sliding window instead of ``causal``'s mask (bwd_dq.band). ``softcap``: flash-attn's (0: none), the split
+    design only (configs.HopperBwdConfig.split_gradients: the one pass with tanh kept spills).
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
+    if softcap and not config.split_gradients:
+        raise ValueError("softcap takes the split design on sm90 (configs.HopperBwdConfig.split_gradients)")
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])
@@ -507,7 +511,7 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
                                                                    zeroed=dq_acc_shape(q, config, packed), dlse=dlse,
                                                                    sinks=sinks, replay=pre, found=found)
         _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc, packed,
-                     dkdv, found, window_size)
+                     dkdv, found, window_size, softcap)
         portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q, cast, found)
         return delta, sink_parts
     if packed is not None:
@@ -516,17 +520,17 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse, sinks=sinks)
                             if delta_in else (torch.empty_like(lse), None, None))
     bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
-                            delta_in, window_size)
+                            delta_in, window_size, softcap)
     _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
-                 window_size=window_size)
+                 window_size=window_size, softcap=softcap)
     return delta, sink_parts
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None,
-                 packed=None, replay=None, found=None, window_size=None):
+                 packed=None, replay=None, found=None, window_size=None, softcap=0.0):
     """The dK/dV launch of ``config`` (kernels/hopper/bwd_split.py with ``split_gradients``), replayed after a key's
-    first call (kernels/common/replay.py); ``packed``, ``window_size`` as launch_bwd_hopper's; ``replay``, ``found``
-    as portable_bwd.launch_preprocess's."""
+    first call (kernels/common/replay.py); ``packed``, ``window_size``, ``softcap`` as launch_bwd_hopper's; ``replay``,
+    ``found`` as portable_bwd.launch_preprocess's."""
     tensors = (q, k, v, dout, dk, dv, lse, delta)
     cu_seqlens = () if packed is None else tuple(packed[:2])
     if config.split_gradients:
@@ -541,11 +545,12 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
         replay.launch(q.device, tensors)
         return
     key = launch_key((q, k, v, dout, dk, dv, lse, delta, dq_acc) + cu_seqlens, softmax_scale, causal, bottom_right,
-                     config, None if packed is None else packed[2:], window_size)
+                     config, None if packed is None else packed[2:], window_size, softcap)
 
     def first():
         grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
                                   *(() if dq_acc is None else (dq_acc, )), window_size=window_size,
+                                  **(dict(softcap=softcap) if config.split_gradients else {}),
                                   **({} if packed is None else dict(packed=packed)))
         return Replay(kernel, grid, args, kwargs, slots)
     _REPLAYS.launch(key, q.device, tensors, first, found)

@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate
 
-from ..common.online_softmax import LOG2E
+from ..common.online_softmax import LOG2E, capped_grad, score_scales, tanh
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv
 from .common import (
@@ -51,6 +51,7 @@ class BwdSwitches(NamedTuple):
     DQ_REDUCE: bool = False
     IS_VARLEN: bool = False
     BOTTOM_RIGHT: bool = True
+    SOFTCAP_SCALE: float = 0.0  # > 0: scores capped by tanh(q·k · SOFTCAP_SCALE) (qk_scale carries the cap)
 
 
 def band(causal, window_size, seqlen_q, seqlen_k, bottom_right):
@@ -78,6 +79,7 @@ class Switches:
     DQ_REDUCE: gl.constexpr
     IS_VARLEN: gl.constexpr  # packed sequences (cu_seqlens): the dK/dV kernel's one pass
     BOTTOM_RIGHT: gl.constexpr  # (packed, with MASK_LEFT: each sequence's diagonal)
+    SOFTCAP_SCALE: gl.constexpr
 
     @triton.constexpr_function
     def __init__(self, HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, switches):
@@ -229,6 +231,8 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
         mbarrier.wait(smem.v_ready.index(stage), phase)
         dp = warpgroup_mma(do_half, smem.v.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))  # [HALF_M, BLOCK_N]
+        if sw.SOFTCAP_SCALE > 0:
+            s = tanh(s * sw.SOFTCAP_SCALE)
         p = gl.exp2(s * qk_scale - lse[:, None])
         masked = j >= n_full  # keys past the sequence, or past a row's band
         if sw.MASK_LEFT:
@@ -243,6 +247,8 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
             p = gl.where(ok, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=(dp, ))  # [HALF_M, BLOCK_N]
         ds = p * (dp - delta[:, None])
+        if sw.SOFTCAP_SCALE > 0:
+            ds = ds * capped_grad(p, lse[:, None], 1.0 / qk_scale)
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k_tile, dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(smem.kv_free.index(stage))
@@ -309,22 +315,23 @@ def backward_descriptors(q, k, v, dout, q_block, k_block, varlen=False):
 
 
 def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
-                window_size=None):
+                window_size=None, softcap=0.0):
     """(grid, args, kwargs) of the dQ launch (batch mode, calls bwd_hopper.supports accepts); ``config`` a
     configs.HopperDqConfig. Writes delta into ``delta`` (shaped like lse), or with ``delta_in`` reads it from there,
-    and dQ into ``dq`` (shaped like q). ``window_size``: as band's."""
+    and dQ into ``dq`` (shaped like q). ``window_size``: as band's; ``softcap``: flash-attn's (0: none)."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     (q_desc, k_desc, v_desc, do_desc), q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m // 2, block_n)
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
+    qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_q, block_m), batch * nheads)
     args = (q_desc, do_desc, k_desc, v_desc, out, dq, lse, delta, nheads, nheads // nheads_k, *q_rows, *k_rows,
             out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, diag, diag_left, softmax_scale * LOG2E.value,
-            softmax_scale)
+            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, diag, diag_left, qk_scale, softmax_scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages,
-                  SWITCHES=BwdSwitches(mask_right, mask_left, DELTA_IN=delta_in), REGS=config.consumer_regs,
+                  SWITCHES=BwdSwitches(mask_right, mask_left, DELTA_IN=delta_in, SOFTCAP_SCALE=softcap_scale),
+                  REGS=config.consumer_regs,
                   num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
@@ -333,14 +340,14 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
-                     window_size=None):
+                     window_size=None, softcap=0.0):
     """dQ (and delta, unless ``delta_in``) by the launch of ``launch_args``, replayed after a key's first call."""
     tensors = (q, dout, k, v, out, dq, lse, delta)
-    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in, window_size)
+    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in, window_size, softcap)
 
     def first():
         grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right,
-                                         config, delta_in, window_size)
+                                         config, delta_in, window_size, softcap)
         return Replay(flash_bwd_dq_hopper_kernel, grid, args, kwargs,
                       ["q_desc", "do_desc", "k_desc", "v_desc", "O", "dQ", "LSE", "Delta"])
     _REPLAYS.launch(key, q.device, tensors, first)

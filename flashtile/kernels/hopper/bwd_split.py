@@ -19,7 +19,7 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate
 
-from ..common.online_softmax import LOG2E
+from ..common.online_softmax import LOG2E, score_scales, tanh
 from ..common.tiles import cdiv
 from .bwd_dq import BwdSwitches, backward_descriptors, band
 from .common import (
@@ -68,7 +68,7 @@ class Problem:
     views: Views
     diag: gl.tensor  # MASK_RIGHT: query i sees keys up to i + diag
     diag_left: gl.tensor  # MASK_LEFT: ... and from i + diag_left
-    qk_scale: gl.tensor  # softmax_scale · log2(e)
+    qk_scale: gl.tensor  # softmax_scale · log2(e) (softcapped: the cap · log2(e))
     LSE: gl.tensor
     Delta: gl.tensor
     stride_lb: gl.tensor
@@ -80,6 +80,7 @@ class Problem:
     STAGES: gl.constexpr
     MASK_RIGHT: gl.constexpr  # (bwd_dq.BwdSwitches)
     MASK_LEFT: gl.constexpr
+    SOFTCAP_SCALE: gl.constexpr
 
     @constexpr_function
     def __init__(self, nheads_k, group, views, diag, diag_left, qk_scale, LSE, Delta, stride_lb, stride_lh,
@@ -94,6 +95,7 @@ class Problem:
         self.STAGES = gl.constexpr(STAGES)
         switches = BwdSwitches(*switches)
         self.MASK_RIGHT, self.MASK_LEFT = gl.constexpr(switches.MASK_RIGHT), gl.constexpr(switches.MASK_LEFT)
+        self.SOFTCAP_SCALE = gl.constexpr(switches.SOFTCAP_SCALE)
 
     @gluon.jit
     def program(self):
@@ -162,6 +164,8 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
         # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
         lse = pb.row_stats(pb.LSE, b, h_k * pb.group + t // n_m, offs_m, float("inf")) * LOG2E
         s_t = warpgroup_mma_wait(0, deps=(s_t, ))  # [BLOCK_N, BLOCK_M]
+        if pb.SOFTCAP_SCALE > 0:
+            s_t = tanh(s_t * pb.SOFTCAP_SCALE)
         p_t = gl.exp2(s_t * pb.qk_scale - lse[None, :])
         if pb.MASK_RIGHT or pb.MASK_LEFT:
             cut = last_key >= pb.views.seqlen_k  # the end, the diagonal, the window's start
@@ -178,9 +182,12 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
                 p_t = gl.where(ok, p_t, 0.0)
         elif last_key >= pb.views.seqlen_k:  # the keys pass the sequence's end
             p_t = gl.where((offs_n < pb.views.seqlen_k)[:, None], p_t, 0.0)
+        p_ds = p_t  # what the dK warpgroup's dSᵀ takes: Pᵀ, times 1 − tanh² where the scores are capped
+        if pb.SOFTCAP_SCALE > 0:
+            p_ds = p_t * (1.0 - s_t * s_t)
         p_t = p_t.to(smem.q.dtype)
         mbarrier.wait(smem.p_free.index(t % 2), ((t // 2) & 1) ^ 1)
-        smem.p.index(t % 2).store(p_t)
+        smem.p.index(t % 2).store(p_ds.to(smem.q.dtype))
         gl.thread_barrier()
         mbarrier.arrive(smem.p_ready.index(t % 2))
         mbarrier.wait(smem.do_ready.index(stage), phase)
@@ -263,18 +270,22 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
     ], [4, 1], [REGS, 24])
 
 
-def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, window_size=None):
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, window_size=None,
+                softcap=0.0):
     """(grid, args, kwargs) of the dK/dV launch (calls bwd_hopper.supports accepts); dk, dv shaped like k;
-    ``config`` a configs.HopperBwdConfig with split_gradients; ``window_size``: as bwd_dq.band's."""
+    ``config`` a configs.HopperBwdConfig with split_gradients; ``window_size``: as bwd_dq.band's; ``softcap``:
+    flash-attn's (0: none)."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k = q.shape[-2], k.shape[-2]
     descs, q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m, block_n)
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
+    qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
     args = (*descs, dk, dv, lse, delta, nheads_k, nheads // nheads_k, *q_rows, *k_rows, dk.stride(0), dk.stride(1),
             dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), seqlen_q, seqlen_k,
-            diag, diag_left, softmax_scale * LOG2E.value, softmax_scale)
+            diag, diag_left, qk_scale, softmax_scale)
     kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages,
-                  SWITCHES=BwdSwitches(mask_right, mask_left), REGS=config.consumer_regs, num_warps=4, maxnreg=168)
+                  SWITCHES=BwdSwitches(mask_right, mask_left, SOFTCAP_SCALE=softcap_scale), REGS=config.consumer_regs,
+                  num_warps=4, maxnreg=168)
     return grid, args, kwargs

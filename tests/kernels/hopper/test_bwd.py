@@ -163,6 +163,26 @@ def test_backward_dispatch(monkeypatch):
     assert not taken("auto", 4096, head_dim=256, packed=True)
 
 
+def test_softcap_takes_the_split_design(monkeypatch):
+    """softcap on sm90 (pretended): the head dims whose config splits the gradients (D=256, and 192 in its tiles) take
+    the sm90 backward, deterministic too; the one pass's head dims (D=64, 128) the portable one, and so does ALiBi;
+    the launcher refuses a cap with a one-pass config."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
+    for head_dim, kernel in ((256, "hopper/bwd.py"), (192, "hopper/bwd.py"), (128, "portable/bwd.py"),
+                             (64, "portable/bwd.py")):
+        q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
+        for window in ((-1, -1), (-1, 0), (256, 0)):
+            for deterministic in (False, True):
+                plan = dispatch.backward(q, q, q, q, window, False, deterministic, softcap=30.0)
+                assert plan.kernel == (kernel if GLUON_VERSION_OK else "portable/bwd.py"), (head_dim, window)
+        assert dispatch.backward(q, q, q, q, (-1, 0), alibi_slopes=torch.ones(4)).kernel == "portable/bwd.py"
+    q = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="softcap takes the split design"):
+        bwd_hopper.launch_bwd_hopper(q, q, q, q, q, q, q, q, q, 0.1, True, True, softcap=30.0)
+
+
 @pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
 def test_supports_reads_do_like_q_and_v_like_k():
     """bwd.supports: the loader reads dO at Q's coordinates and V at K's, so each pair must share its 2-D view (token-
@@ -458,6 +478,29 @@ def test_gradients_wide_heads(head_dim, shape, causal, dtype):
     """D=256 and D=192 (in its tiles): the dQ kernel, then one warpgroup per gradient (kernels/hopper/bwd_split.py)."""
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "w1000_0"])
+@pytest.mark.parametrize("head_dim", [192, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["plain", "deterministic"])
+def test_softcap_gradients(head_dim, window, dtype, deterministic):
+    """flash-attn's softcap (Gemma 2: 50) on the sm90 split design, both ways: dQ and dK/dV through tanh's derivative
+    (the dQ kernel from each P, the dK/dV kernel from the Pᵀ · (1 − tanh²) its dV warpgroup hands over); scores past the
+    cap, GQA, Nq != Nk; every gradient against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
+    q = randn(2, 1500, 8, head_dim, dtype=dtype, scale=16.0)
+    k, v = (randn(2, 1300, 2, head_dim, dtype=dtype) for _ in range(2))
+    dout = randn(2, 1500, 8, head_dim, dtype=dtype)
+    assert dispatch.backward(q, k, v, dout, window, softcap=50.0).kernel == "hopper/bwd.py"
+    kwargs = dict(window_size=window, softcap=50.0)
+    with poisoned_outputs():
+        ours = gradients(lambda q, k, v: flashtile.flash_attn_func(q, k, v, deterministic=deterministic, **kwargs),
+                         (q, k, v), dout)
+    ref = gradients(lambda q, k, v: reference.attention(q, k, v, **kwargs)[0], (q, k, v), dout.double())
+    base = gradients(lambda q, k, v: reference.attention(q, k, v, upcast=False, **kwargs)[0], (q, k, v), dout)
+    assert_grads_close(ours, ref, base)
 
 
 WINDOWS = [(256, 0), (100, 100), (128, -1), (-1, 64), (0, 0)]
