@@ -20,11 +20,12 @@ def no_window(name, causal):
         raise NotImplementedError(f"{name} takes no sliding window")
 
 
-def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, sinks=False):
+def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, sinks=False, softcap=0.0):
     """``backend`` "portable" keeps sm90 off the warp-specialized Hopper forward (configs.FWD_BACKEND);
     ``bwd_backend`` is the backward the following .backward() runs (configs.BWD_BACKEND, left set), and
     ``single_pass`` (None: as shipped) the sm90 backward's design (configs.HopperBwdConfig.single_pass, left set).
-    ``sinks``: with a learned sink logit per head (learnable_sink, float32, taking a gradient in the backward)."""
+    ``sinks``: with a learned sink logit per head (learnable_sink, float32, taking a gradient in the backward);
+    ``softcap``: flash-attn's (scores capped at ±softcap by tanh)."""
     import torch
 
     from .. import configs, flash_attn_func
@@ -43,7 +44,8 @@ def flashtile_fwd(causal, backend="auto", bwd_backend="auto", single_pass=None, 
         configs.BWD_HOPPER = table
         saved, configs.FWD_BACKEND = configs.FWD_BACKEND, backend
         try:
-            return flash_attn_func(q, k, v, causal=flag, window_size=window, learnable_sink=learnable_sink)
+            return flash_attn_func(q, k, v, causal=flag, window_size=window, learnable_sink=learnable_sink,
+                                   softcap=softcap)
         finally:
             configs.FWD_BACKEND = saved
     return prepare, run
@@ -83,9 +85,9 @@ def flex_fwd(causal):
                                              enable_gqa=q.shape[1] != k.shape[1])
 
 
-def fa4_fwd(causal):
+def fa4_fwd(causal, softcap=0.0):
     """flash-attn-4 (CuTe DSL), where installed (its wheels on the device: docs/perf/backward.md, "FA4 on the
-    device")."""
+    device"); ``softcap`` as flashtile_fwd's."""
     from flash_attn.cute.interface import flash_attn_func as fa4
     flag, window = window_of(causal)
     window = tuple(None if w < 0 else w for w in window)  # FA4's unbounded side is None
@@ -94,7 +96,7 @@ def fa4_fwd(causal):
         return q.detach(), k.detach(), v.detach()
 
     def run(q, k, v):
-        out = fa4(q, k, v, causal=flag, window_size=window)
+        out = fa4(q, k, v, causal=flag, window_size=window, **({"softcap": softcap} if softcap else {}))
         return out[0] if isinstance(out, tuple) else out
     return prepare, run
 
@@ -113,7 +115,10 @@ FORWARD = {
     "flashtile (bwd single pass)": lambda causal: flashtile_fwd(causal, "auto", "auto", True),
     "flashtile (bwd two kernels)": lambda causal: flashtile_fwd(causal, "auto", "auto", False),
     "flashtile (sinks)": lambda causal: flashtile_fwd(causal, sinks=True),
+    "flashtile (softcap 50)": lambda causal: flashtile_fwd(causal, softcap=50.0),  # Gemma 2's cap
+    "flashtile (portable, softcap 50)": lambda causal: flashtile_fwd(causal, "portable", "portable", softcap=50.0),
     "FA4": fa4_fwd,
+    "FA4 (softcap 50)": lambda causal: fa4_fwd(causal, softcap=50.0),
     "cuDNN": lambda causal: sdpa_fwd("CUDNN_ATTENTION", causal),
     "FA2 (SDPA flash)": lambda causal: sdpa_fwd("FLASH_ATTENTION", causal),
     "mem-efficient": lambda causal: sdpa_fwd("EFFICIENT_ATTENTION", causal),

@@ -270,3 +270,31 @@ def test_a_window_counts_the_pairs_it_leaves_and_names_itself():
     assert table(rows, ["flashtile", "cuDNN"]).splitlines()[-1].startswith("| 64 | window (256, 0) | 4096 |")
     with pytest.raises(NotImplementedError, match="no sliding window"):
         FORWARD["cuDNN"]((256, 0))
+
+
+def test_the_softcap_peers_cap_the_scores(monkeypatch):
+    """"flashtile (softcap 50)" and its portable twin run flash_attn_func with Gemma 2's cap (the reference with it,
+    on scores past the cap); "FA4 (softcap 50)" hands FA4 the same cap, plain "FA4" none."""
+    import sys
+    import types
+
+    from helpers import DEVICE
+
+    from flashtile import reference
+    from flashtile.bench.peers import FORWARD
+    q = torch.randn(1, 16, 2, 32, dtype=torch.float16, device=DEVICE) * 8
+    k, v = (torch.randn(1, 16, 2, 32, dtype=torch.float16, device=DEVICE) for _ in range(2))
+    ref, _ = reference.attention(q, k, v, causal=True, softcap=50.0)
+    for name in ("flashtile (softcap 50)", "flashtile (portable, softcap 50)"):
+        prepare, run = FORWARD[name](True)
+        assert (run(*prepare(q, k, v)).double() - ref).abs().max() < 1e-2, name
+    calls = []
+    fa4 = types.ModuleType("flash_attn.cute.interface")
+    fa4.flash_attn_func = lambda q, k, v, **kwargs: calls.append(kwargs) or q
+    for name, module in (("flash_attn", types.ModuleType("flash_attn")),
+                         ("flash_attn.cute", types.ModuleType("flash_attn.cute")), ("flash_attn.cute.interface", fa4)):
+        monkeypatch.setitem(sys.modules, name, module)
+    for name in ("FA4 (softcap 50)", "FA4"):
+        prepare, run = FORWARD[name](True)
+        run(*prepare(q, k, v))
+    assert calls[0]["softcap"] == 50.0 and "softcap" not in calls[1] and calls[1]["causal"]
