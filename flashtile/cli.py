@@ -145,16 +145,17 @@ def _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device="cpu", dtype
     return q, k, window(causal if isinstance(causal, tuple) else (-1, -1), causal is True)
 
 
-def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
+def call_plans(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False, softcap=0.0):
     """(forward plan, backward plan) of flash_attn_func on new tensors of that shape on this machine's device (bf16 on
-    a GPU; fp16 under the interpreter)."""
+    a GPU; fp16 under the interpreter); ``softcap``: flash-attn's."""
     from . import dispatch
     device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float16)
     q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal, device, dtype)
-    return dispatch.forward(q, k, k, window), dispatch.backward(q, k, k, q, window, deterministic=deterministic)
+    return (dispatch.forward(q, k, k, window, softcap=softcap),
+            dispatch.backward(q, k, k, q, window, deterministic=deterministic, softcap=softcap))
 
 
-def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
+def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal, softcap=0.0):
     """What an sm90 GPU runs for flash_attn_func's forward on bf16 tensors of that shape, on any machine: (config,
     compile-time switches) of kernels/hopper/fwd.py, or None where it runs the portable kernel."""
     from . import dispatch
@@ -162,15 +163,15 @@ def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal):
     config = dispatch.hopper_forward_pick(q, k, k, window)
     if config is None:
         return None
-    return config, dispatch.hopper("fwd_launch").switches(q, k, k, dispatch.is_causal(window), config, window)
+    return config, dispatch.hopper("fwd_launch").switches(q, k, k, dispatch.is_causal(window), config, window, softcap)
 
 
-def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False):
+def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False, softcap=0.0):
     """What an sm90 GPU runs for flash_attn_func's backward on bf16 tensors of that shape, on any machine: (config,
     design: the launches in order) of kernels/hopper/bwd.py, or None where it runs the portable kernel."""
     from . import dispatch
     q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal)
-    config = dispatch.hopper_backward_pick(q, k, k, q, window)
+    config = dispatch.hopper_backward_pick(q, k, k, q, window, softcap=softcap)
     return None if config is None else (config, BACKWARD_FILES[config.design(deterministic)])
 
 
@@ -192,15 +193,16 @@ def info(args):
         args.parser.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
     mask = tuple(args.window) if args.window else args.causal  # (the helpers take either)
     forward, backward = call_plans(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask,
-                                   args.deterministic)
+                                   args.deterministic, args.softcap)
     print(f"flash_attn_func on (batch {args.batch}, seqlen {args.seqlen}, heads {args.heads}/{kv_heads}, head dim "
-          f"{args.head_dim}{f', window {mask}' if args.window else ', causal' if args.causal else ''}) here runs, in "
+          f"{args.head_dim}{f', window {mask}' if args.window else ', causal' if args.causal else ''}"
+          f"{f', softcap {args.softcap:g}' if args.softcap else ''}) here runs, in "
           "flashtile/:")
     print(f"  forward: {forward}")
     print(f"  backward: {backward}")
     print(f"  decode, one new token over {args.cache_len} cached keys (flash_attn_with_kvcache): "
           f"{decode_plan(args.batch, args.cache_len, args.heads, kv_heads, args.head_dim)}")
-    hopper = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask)
+    hopper = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask, args.softcap)
     if hopper is None:
         print("on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/portable/fwd.py")
     else:
@@ -208,7 +210,7 @@ def info(args):
         print(f"on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/hopper/fwd.py with "
               f"{type(hopper[0]).__name__}({config}), compiled with {hopper[1]}")
     hopper = sm90_backward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask,
-                           args.deterministic)
+                           args.deterministic, args.softcap)
     if hopper is None:
         print("on an sm90 GPU (H100, H200) in bf16 the backward runs kernels/portable/bwd.py")
     else:
@@ -254,6 +256,7 @@ def main(argv=None):
     p_info.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"),
                         help="a sliding window (flash-attn's window_size, -1 unbounded) instead of --causal")
     p_info.add_argument("--deterministic", action="store_true")
+    p_info.add_argument("--softcap", type=float, default=0.0, help="flash-attn's softcap (scores capped by tanh)")
     p_info.add_argument("--cache-len", type=_positive_int, default=4096, help="keys in the cache, for the decode plan")
     p_viz = sub.add_parser("viz", help="a self-contained HTML step-through of a tiled algorithm, or the playground")
     p_viz.add_argument("--algo", choices=["naive", "softmax", "fa1", "fa2", "fa2_bwd", "decode"], default="fa2")

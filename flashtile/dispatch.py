@@ -94,9 +94,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     portable backward with bwd_config's tiles."""
     config = None
     if alibi_slopes is None and runs_gluon(q.device):
-        config = hopper_backward_pick(q, k, v, dout, window_size, packed, deterministic)
-    if softcap and config is not None and not config.split_gradients:  # capped: the split design (D=192, 256) only
-        config = None
+        config = hopper_backward_pick(q, k, v, dout, window_size, packed, deterministic, softcap)
     if config is not None:
         return Plan("hopper/bwd.py", config, config.design(deterministic))
     return Plan("portable/bwd.py", bwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),
@@ -104,14 +102,17 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 
 
 def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                         window_size: tuple[int, int], packed: bool = False,
-                         deterministic: bool = False) -> Optional[configs.HopperBwdConfig]:
+                         window_size: tuple[int, int], packed: bool = False, deterministic: bool = False,
+                         softcap: float = 0.0) -> Optional[configs.HopperBwdConfig]:
     """The sm90 backward's config for the call on any device: configs.BWD_BACKEND "auto", a call the kernel's
-    ``supports`` accepts, packed sequences only where the config's design is the one pass; else None (``flashtile
+    ``supports`` accepts, packed sequences only where the config's design is the one pass, a softcap only where it
+    splits the gradients (D=192, 256: the one pass spills with a cap, docs/perf/backward.md); else None (``flashtile
     info`` says what an sm90 GPU would run)."""
     if configs.BWD_BACKEND == "portable" or not hopper("bwd").supports(q, k, v, dout, window_size):
         return None
     config = configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
+    if softcap and not config.split_gradients:
+        return None
     return None if packed and config.design(deterministic) != "one pass" else config
 
 

@@ -82,13 +82,13 @@ def _launch(replay, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks):
 
 
 def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object,
-             window_size=None) -> FwdSwitches:
+             window_size=None, softcap=0.0) -> FwdSwitches:
     """The compile-time switches a batch-mode launch of ``config`` on tensors shaped like q, k, v takes, from
     launch_args on new tensors of the call's shapes, on q's device (``flashtile info`` prints them)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-    return launch_args(q, k, v, out, lse, None, None, None, 1.0, causal, True, config, None, None,
-                       window_size)[2]["SWITCHES"]
+    return launch_args(q, k, v, out, lse, None, None, None, q.shape[-1] ** -0.5, causal, True, config, None, None,
+                       window_size, softcap)[2]["SWITCHES"]
 
 
 def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
