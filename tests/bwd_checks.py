@@ -121,20 +121,22 @@ def assert_graph_replays_like_eager(step, inputs):
 
 
 def check_sinks(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal=False, scale=1.0,
-                sink_scale=2.0, dlse=False, deterministic=False, backward=True):
+                sink_scale=2.0, dlse=False, deterministic=False, backward=True, window_size=(-1, -1)):
     """learnable_sink (float32, one logit per query head): O and LSE against the float64 reference with each head's
     sink in every row's softmax (poisoned outputs), within 2x of PyTorch's own error (the reference in the inputs'
     dtype, as an eager model computes sinks); then, with ``backward``, dq, dk, dv and the sinks' gradient of
     sum(out ∘ dout) (+ sum(lse · dlse) with ``dlse``) likewise. ``scale`` multiplies q (large logits),
-    ``sink_scale`` the sinks' normal draws (a sink far above the scores takes the rows over)."""
+    ``sink_scale`` the sinks' normal draws (a sink far above the scores takes the rows over); ``window_size``: a sliding
+    window (gpt-oss's layers: 128 keys and sinks)."""
     q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype, scale=scale)
     k, v = (randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype) for _ in range(2))
     sinks = randn(nheads, dtype=torch.float32, scale=sink_scale)
     with poisoned_outputs():
-        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
-                                                return_attn_probs=True, learnable_sink=sinks)
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, sinks=sinks)
-    base, _ = reference.attention(q, k, v, causal=causal, sinks=sinks, upcast=False)
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                                deterministic=deterministic, return_attn_probs=True,
+                                                learnable_sink=sinks)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, window_size=window_size, sinks=sinks)
+    base, _ = reference.attention(q, k, v, causal=causal, window_size=window_size, sinks=sinks, upcast=False)
     assert_attention_close(out, ref, base, lse, ref_lse)
     if not backward:
         return
@@ -149,14 +151,14 @@ def check_sinks(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, ca
         return loss
 
     def ours(q, k, v, sinks):
-        return flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic, return_attn_probs=True,
-                                         learnable_sink=sinks)[:2]
+        return flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size, deterministic=deterministic,
+                                         return_attn_probs=True, learnable_sink=sinks)[:2]
     inputs = (q, k, v, sinks)
     got = grads_of_loss(loss_of(ours), inputs)
-    want = grads_of_loss(loss_of(lambda q, k, v, s: reference.attention(q, k, v, causal=causal, sinks=s)), inputs,
-                         True)
-    base = grads_of_loss(loss_of(lambda q, k, v, s: reference.attention(q, k, v, causal=causal, sinks=s,
-                                                                        upcast=False)), inputs)
+    want = grads_of_loss(loss_of(lambda q, k, v, s: reference.attention(q, k, v, causal=causal, window_size=window_size,
+                                                                        sinks=s)), inputs, True)
+    base = grads_of_loss(loss_of(lambda q, k, v, s: reference.attention(q, k, v, causal=causal, window_size=window_size,
+                                                                        sinks=s, upcast=False)), inputs)
     # A FlashAttention backward reads O as stored, in the inputs' dtype: the sinks' gradient from the exact O rounded to
     # it is an error no kernel avoids, and so is the one carried from the forward's own O and LSE (held above to 2x
     # PyTorch's error). PyTorch's takes rowsum(P ∘ dP) instead and is at times the luckiest of the three.

@@ -503,6 +503,19 @@ def test_softcap_gradients(head_dim, window, dtype, deterministic):
     assert_grads_close(ours, ref, base)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["plain", "deterministic"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_sinks_under_a_window(head_dim, deterministic):
+    """gpt-oss's layers: learnable sinks with a 128-key causal window, on the sm90 kernels both ways; O, LSE, every
+    gradient and the sinks' against float64 within 2x of PyTorch's own error."""
+    q = randn(2, 2048, 8, head_dim, dtype=torch.bfloat16)
+    assert dispatch.forward(q, q, q, (128, 0)).kernel == "hopper/fwd.py"
+    assert dispatch.backward(q, q, q, q, (128, 0), deterministic=deterministic).kernel == "hopper/bwd.py"
+    check_sinks(2, 2048, 2048, 8, 2, head_dim, torch.bfloat16, deterministic=deterministic, window_size=(128, 0))
+
+
 WINDOWS = [(256, 0), (100, 100), (128, -1), (-1, 64), (0, 0)]
 
 
