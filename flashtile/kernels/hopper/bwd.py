@@ -7,7 +7,7 @@ them in registers). A loader warp streams the Q and dO tiles (64 rows) of every 
 through a ring of shared-memory stages with TMA. For each Q tile a consumer issues Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 together as asynchronous wgmma, runs the exponentials of Pᵀ while dPᵀ is on the tensor cores, then
 dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands; only tiles on the causal diagonal, on a sliding
-window's edges (batch mode) or past the keys are masked, and a program visits only the Q tiles its keys are visible
+window's edges or past the keys are masked, and a program visits only the Q tiles its keys are visible
 to (_q_tiles).
 
 dQ, two designs (configs.HopperBwdConfig.single_pass):
