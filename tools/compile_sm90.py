@@ -195,32 +195,43 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, wi
                 window=window)
 
 
-def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None, softcap=0.0):
+def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None, softcap=0.0, packed=False):
     """The Gluon dK/dV kernel of one warpgroup per gradient (kernels/hopper/bwd_split.py) with its shipped config,
     8 query heads over ``nheads_k`` KV heads (1 and 8 pass integers equal to 1, which arrive as constants);
-    ``window``, ``softcap`` as launch_args's."""
+    ``window``, ``softcap`` as launch_args's; ``packed``: two packed sequences."""
     import torch
 
     from flashtile.kernels.hopper import bwd_split as bwd_split_hopper
     q, k, lse = _backward_inputs(head_dim, nheads_k)
     config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
+    q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
     grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
-                                                      0.1, causal, True, config, window, softcap)
+                                                      0.1, causal, True, config, window, softcap, sequences)
     row = _compile_gluon(bwd_split_hopper.flash_bwd_dkdv_split_kernel, args, kwargs)
-    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k, window=window, softcap=softcap)
+    return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k, window=window, softcap=softcap,
+                varlen=packed)
 
 
-def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False, window=None, softcap=0.0):
+def _packed(q, k, lse):
+    """_backward_inputs' tensors as two packed sequences of 1024 rows: (total, nheads, headdim), the LSE (nheads,
+    total), and the (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) the launchers take."""
+    import torch
+    cu_seqlens = torch.tensor([0, 1024, 2048], dtype=torch.int32)
+    return q.flatten(0, 1), k.flatten(0, 1), lse.transpose(0, 1).flatten(1), (cu_seqlens, cu_seqlens, 1024, 1024)
+
+
+def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False, window=None, softcap=0.0, packed=False):
     """The Gluon dQ kernel (kernels/hopper/bwd_dq.py), GQA 8/2, as compile_hopper_fwd: ``config`` (default the shipped
     one of the head dim); ``delta_in`` reads delta (− dLSE) instead of computing it; ``window`` as
-    compile_hopper_bwd's; ``softcap``: flash-attn's."""
+    compile_hopper_bwd's; ``softcap``: flash-attn's; ``packed``: two packed sequences."""
     from flashtile.kernels.hopper import bwd_dq as bwd_dq_hopper
     config = config or configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)].dq_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
+    q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
     grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in,
-                                                   window, softcap)
+                                                   window, softcap, sequences)
     return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=head_dim,
-                config=list(config.__dict__.values()), causal=causal, window=window, softcap=softcap)
+                config=list(config.__dict__.values()), causal=causal, window=window, softcap=softcap, varlen=packed)
 
 
 def compile_hopper_decode(layout, config=None):

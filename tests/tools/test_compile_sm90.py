@@ -245,6 +245,25 @@ def test_hopper_forward_compiles_with_a_softcap():
         assert not capped["serialized"] and capped["local"] <= max(plain["local"] + 16, 28), (capped, plain)
 
 
+def test_hopper_split_design_compiles_on_packed_sequences():
+    """The split design's two kernels on packed sequences (D=256, causal or not, the dQ kernel computing or reading
+    delta), plain and with a window and a cap: the same products and shared memory as in batch mode, wgmma
+    asynchronous, at most 48 bytes of spills (the split kernel with a window and a cap)."""
+    from flashtile.kernels.hopper.common import GLUON_VERSION_OK
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernel is written against triton 3.6")
+    calls = ["compile_hopper_split({c}, 2, 256, {w}, {s}, {p})", "compile_hopper_dq({c}, head_dim=256, window={w}, "
+             "softcap={s}, packed={p})", "compile_hopper_dq({c}, head_dim=256, delta_in=True, window={w}, softcap={s}, "
+             "packed={p})"]
+    listed = ", ".join("compile_sm90." + call.format(c=c, w=w, s=s, p=p) for call in calls for c in (False, True)
+                       for w, s in ((None, 0.0), ((4096, 0), 50.0)) for p in (False, True))
+    rows = _compiled_rows(f"[{listed}]")
+    for batch, packed in zip(rows[::2], rows[1::2]):
+        assert not batch["varlen"] and packed["varlen"]
+        assert (packed["wgmma"], packed["shared"]) == (batch["wgmma"], batch["shared"]), (packed, batch)
+        assert not packed["serialized"] and packed["local"] <= 48, packed
+
+
 def test_hopper_backward_compiles_with_a_softcap():
     """flash-attn's softcap in the split design's two kernels (the dQ kernel computing or reading delta, the dK/dV
     kernel of one warpgroup per gradient), D=256 and D=192 in its tiles, causal or not: the same products and shared

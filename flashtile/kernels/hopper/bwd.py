@@ -45,7 +45,7 @@ from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, head_dim_pad, next_pow2
 from ..portable import bwd as portable_bwd
 from . import bwd_dq, bwd_split
-from .bwd_dq import BwdSwitches, Switches, backward_descriptors, band
+from .bwd_dq import BwdSwitches, Switches, backward_descriptors, band, packed_band, sequence, token_strides
 from .common import (
     GLUON_VERSION_OK,
     allocate_tiles,
@@ -54,14 +54,12 @@ from .common import (
     register_operand_layout,
     row_run_layout,
     same_rows,
-    sequence_rows,
     store_rows,
     tile_cols,
     tma_load,
     view_layout,
     views,
     wgmma_layout,
-    windowed,
 )
 
 # The float32 dQ tiles as the copy engine reads them: plain rows (each thread's 16-byte runs land side by side).
@@ -135,26 +133,6 @@ def _program(BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag, diag_left):
-    """Sequence b's first rows in the Q and K views, its lengths and band (query i sees keys i + diag_left ..
-    i + diag). Batch mode: b's rows per batch and the launch's lengths, ``diag`` and ``diag_left``; packed
-    (IS_VARLEN): from cu_seqlens, ``diag`` 1 for bottom-right (each sequence's seqlen_k − seqlen_q) or 0, or with a
-    window (MASK_LEFT) both sides as offsets from the sequence's diagonal (Switches.BOTTOM_RIGHT)."""
-    q_row, k_row, seqlen_q, seqlen_k = sequence_rows(b, b * vw.q_rows_b, b * vw.k_rows_b, vw.seqlen_q, vw.seqlen_k,
-                                                     cu_seqlens_q, cu_seqlens_k, sw.IS_VARLEN)
-    if sw.IS_VARLEN:  # (the launch's seqlen_q, seqlen_k: the longest, which dQacc and the grid are sized for)
-        if sw.MASK_LEFT:
-            if sw.BOTTOM_RIGHT:
-                diag = diag + seqlen_k - seqlen_q
-                diag_left = diag_left + seqlen_k - seqlen_q
-        else:
-            diag = (seqlen_k - seqlen_q) * diag
-        seqlen_q = gl.minimum(seqlen_q, vw.seqlen_q)
-        seqlen_k = gl.minimum(seqlen_k, vw.seqlen_k)
-    return q_row, k_row, seqlen_q, seqlen_k, diag, diag_left
-
-
-@gluon.jit
 def _q_tiles(sw, start_n, seqlen_q, seqlen_k, diag, diag_left):
     """The Q tiles [lo, hi) that see a key of the tile starting at start_n (query i sees keys up to i + diag with
     MASK_RIGHT, from i + diag_left with MASK_LEFT); packed, none where the tile starts past its sequence's keys (the
@@ -180,7 +158,7 @@ def _load_partition(sw, smem, vw, q_desc, k_desc, v_desc, do_desc, LSE, Delta, s
     HALF_N: gl.constexpr = sw.BLOCK_N // 2
     rows_layout: gl.constexpr = gl.BlockedLayout([sw.BLOCK_M // 32], [32], [1], [0])
     start_n, b, h_k = _program(sw.BLOCK_N)
-    q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = _sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag,
+    q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag,
                                                                     diag_left)
     k_row = k_row0 + h_k * vw.k_rows_h
     lse_row0 = q_row0 if sw.IS_VARLEN else 0  # packed LSE: (nheads, total rows)
@@ -259,7 +237,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, grou
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
     start_n, b, h_k = _program(sw.BLOCK_N)
-    _, k_row0, seqlen_q, seqlen_k, diag, diag_left = _sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag, diag_left)
+    _, k_row0, seqlen_q, seqlen_k, diag, diag_left = sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag, diag_left)
     first_key = start_n + half * HALF_N
     last_key = first_key + HALF_N - 1
     k_half = smem.k.index(half)
@@ -360,7 +338,8 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
     """Grid (K/V tiles of BLOCK_N keys of the longest sequence, KV heads, batch (or sequences)). Query i sees keys
     i + diag_left .. i + diag (SWITCHES, a bwd_dq.BwdSwitches: each bound where its side is masked). Packed
     (IS_VARLEN): sequence b's rows from cu_seqlens_q[b], cu_seqlens_k[b]; seqlen_q, seqlen_k the longest; ``diag`` 1
-    for bottom-right causal, else 0, or with a window each side's offset from the sequence's diagonal (_sequence)."""
+    for bottom-right causal, else 0, or with a window each side's offset from the sequence's diagonal
+    (bwd_dq.sequence)."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     sw = Switches(HEAD_DIM_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     q_smem = allocate_tiles(q_desc, STAGES)
@@ -404,9 +383,10 @@ def flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, dQacc,
 
 
 def supports(q, k, v, dout, window_size):
-    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass only), any window: a head dim
-    of 16-byte rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a configs.BWD_HOPPER entry,
-    bf16/fp16, views a descriptor can read (dO addressed like Q: the loader reads both at the same coordinates)."""
+    """Calls the sm90 backward covers, in batch mode or packed (3-D q, k, v: the one pass or the split design), any
+    window: a head dim of 16-byte rows whose padded head dim (tiles.head_dim_pad, as dispatch keys it) has a
+    configs.BWD_HOPPER entry, bf16/fp16, views a descriptor can read (dO addressed like Q: the loader reads both at the
+    same coordinates)."""
     varlen = q.dim() == 3
     if not (GLUON_VERSION_OK and q.dim() in (3, 4) and q.shape[-1] % 8 == 0
             and (head_dim_pad(q.shape[-1]), False) in configs.BWD_HOPPER and q.dtype in (torch.bfloat16, torch.float16)
@@ -430,13 +410,8 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
         q, k, v, dout, block_m, block_n // 2, packed is not None)
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
     batch = q.shape[0] if packed is None else cu_seqlens_q.numel() - 1
-    if packed and windowed(window_size):  # each side as an offset from each sequence's diagonal (_sequence)
-        mask_right, _, diag, diag_left = band(causal, window_size, 0, 0, bottom_right)
-        mask_left = True
-        if window_size[0] < 0:  # open to the left: a side no row of any sequence reaches
-            diag_left = -max(q.shape[0], k.shape[0])
-    elif packed:  # diag: 1 for each sequence's own diagonal (_sequence), else 0
-        mask_right, mask_left, diag, diag_left = causal, False, int(bottom_right), 0
+    if packed:
+        mask_right, mask_left, diag, diag_left = packed_band(causal, window_size, bottom_right, q, k)
     else:
         mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
     grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
@@ -447,7 +422,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     lse_strides = (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
     args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
-            *_strides(dk), *_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
+            *token_strides(dk), *token_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
             nheads // nheads_k, softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
     switches = BwdSwitches(mask_right, mask_left, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None,
                            BOTTOM_RIGHT=bottom_right)
@@ -476,11 +451,6 @@ def dq_acc_shape(q, config, packed=None):
     return (packed[0].numel() - 1, q.shape[1], cdiv(packed[2], config.block_m) * config.block_m, cols)
 
 
-def _strides(t):
-    """(batch, token, head) strides; packed tensors have no batch stride."""
-    return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))
-
-
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
@@ -494,7 +464,8 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     ``dlse``, the LSE's gradient (or None), enters as delta − dlse, which the preprocess launch computes in one pass
     for either design. ``sinks`` (float32 (nheads,), or None): the preprocess launch also sums their gradient's parts.
     ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors,
-    offsets the kernels may read (ops.launch_safe_offsets), one pass only; rows past the last sequence get nothing.
+    offsets the kernels may read (ops.launch_safe_offsets), the one pass or the split design (D=192, 256); rows past
+    the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
     same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size`` ((left, right)):
     a sliding window instead of ``causal``'s mask (bwd_dq.band). ``softcap``: flash-attn's (0: none), the split
@@ -514,14 +485,16 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
                      dkdv, found, window_size, softcap)
         portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q, cast, found)
         return delta, sink_parts
-    if packed is not None:
-        raise ValueError("packed sequences take the one pass (configs.HopperBwdConfig.design)")
+    if packed is not None and not config.split_gradients:
+        raise ValueError("packed sequences take the one pass or the split design (configs.HopperBwdConfig.design)")
     delta_in = dlse is not None or sinks is not None
-    delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, None, q.shape[1], dlse=dlse, sinks=sinks)
+    cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])
+    delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse,
+                                                           sinks=sinks)
                             if delta_in else (torch.empty_like(lse), None, None))
     bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
-                            delta_in, window_size, softcap)
-    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
+                            delta_in, window_size, softcap, packed)
+    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, packed=packed,
                  window_size=window_size, softcap=softcap)
     return delta, sink_parts
 
@@ -539,8 +512,9 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
     else:  # (without dq_acc, the dQacc argument is a placeholder: lse)
         kernel, make = flash_bwd_dkdv_hopper_kernel, launch_args
         slots = ["q_desc", "k_desc", "v_desc", "do_desc", "dK", "dV", "LSE", "Delta", "dQacc"]
-        tensors += (lse if dq_acc is None else dq_acc, ) + cu_seqlens
-        slots += ["cu_seqlens_q", "cu_seqlens_k"][:len(cu_seqlens)]
+        tensors += (lse if dq_acc is None else dq_acc, )
+    tensors += cu_seqlens
+    slots += ["cu_seqlens_q", "cu_seqlens_k"][:len(cu_seqlens)]
     if replay is not None:
         replay.launch(q.device, tensors)
         return

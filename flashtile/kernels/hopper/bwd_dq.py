@@ -28,6 +28,7 @@ from .common import (
     head_coord,
     register_operand_layout,
     row_run_layout,
+    sequence_rows,
     store_rows,
     tile_cols,
     tile_descriptor,
@@ -36,6 +37,7 @@ from .common import (
     view_layout,
     views,
     wgmma_layout,
+    windowed,
 )
 
 
@@ -61,6 +63,53 @@ def band(causal, window_size, seqlen_q, seqlen_k, bottom_right):
     left, right = window_size if window_size is not None else (-1, 0 if causal else -1)
     base = seqlen_k - seqlen_q if bottom_right else 0
     return right >= 0, left >= 0, base + max(right, 0), base - max(left, 0)
+
+
+def packed_band(causal, window_size, bottom_right, q, k):
+    """(MASK_RIGHT, MASK_LEFT, diag, diag_left) of packed (total, nheads, headdim) q, k, as ``sequence`` takes them:
+    ``diag`` 1 for each sequence's own diagonal (bottom-right causal) or 0; with a window both sides as offsets from
+    each sequence's diagonal, a side open to the left one no row of any sequence reaches."""
+    if windowed(window_size):
+        mask_right, _, diag, diag_left = band(causal, window_size, 0, 0, bottom_right)
+        return mask_right, True, diag, (diag_left if window_size[0] >= 0 else -max(q.shape[0], k.shape[0]))
+    return causal, False, int(bottom_right), 0
+
+
+def launch_rows(q, k, lse, causal, window_size, bottom_right, packed):
+    """((cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k: the longest, sequences, the LSE's strides), (MASK_RIGHT,
+    MASK_LEFT, diag, diag_left)) of a backward launch in batch mode or on ``packed`` sequences (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
+    if packed:
+        return ((cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, cu_seqlens_q.numel() - 1, (0, lse.stride(0))),
+                packed_band(causal, window_size, bottom_right, q, k))
+    return ((None, None, seqlen_q, seqlen_k, q.shape[0], (lse.stride(0), lse.stride(1))),
+            band(causal, window_size, seqlen_q, seqlen_k, bottom_right))
+
+
+def token_strides(t):
+    """(batch, token, head) strides; packed tensors have no batch stride."""
+    return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 4 else (0, t.stride(0), t.stride(1))
+
+
+@gluon.jit
+def sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag, diag_left):
+    """Sequence b's first rows in the Q and K views, its lengths and band (query i sees keys i + diag_left ..
+    i + diag). Batch mode: b's rows per batch and the launch's lengths, ``diag`` and ``diag_left``; packed
+    (IS_VARLEN): from cu_seqlens, ``diag`` 1 for bottom-right (each sequence's seqlen_k − seqlen_q) or 0, or with a
+    window (MASK_LEFT) both sides as offsets from the sequence's diagonal (Switches.BOTTOM_RIGHT)."""
+    q_row, k_row, seqlen_q, seqlen_k = sequence_rows(b, b * vw.q_rows_b, b * vw.k_rows_b, vw.seqlen_q, vw.seqlen_k,
+                                                     cu_seqlens_q, cu_seqlens_k, sw.IS_VARLEN)
+    if sw.IS_VARLEN:  # (the launch's seqlen_q, seqlen_k: the longest, which dQacc and the grid are sized for)
+        if sw.MASK_LEFT:
+            if sw.BOTTOM_RIGHT:
+                diag = diag + seqlen_k - seqlen_q
+                diag_left = diag_left + seqlen_k - seqlen_q
+        else:
+            diag = (seqlen_k - seqlen_q) * diag
+        seqlen_q = gl.minimum(seqlen_q, vw.seqlen_q)
+        seqlen_k = gl.minimum(seqlen_k, vw.seqlen_k)
+    return q_row, k_row, seqlen_q, seqlen_k, diag, diag_left
 
 
 @aggregate
@@ -136,18 +185,21 @@ class Operands:
 
 
 @gluon.jit
-def _program(sw, nheads, group, vw, diag, diag_left):
-    """(first row of the Q tile, batch, head, KV head, first Q and K row of the head in the 2-D views, and the K/V
-    tiles [lo, n_tiles) to visit, of which [full_lo, n_full) need no mask). Causal: the heaviest tiles of a head
-    first."""
+def _program(sw, nheads, group, vw, diag, diag_left, cu_seqlens_q, cu_seqlens_k):
+    """(first row of the Q tile, batch (or sequence), head, KV head, first Q and K row of the head in the 2-D views,
+    the K/V tiles [lo, n_tiles) to visit, of which [full_lo, n_full) need no mask, and the sequence's lengths and band
+    (``sequence``)). Causal: the heaviest tiles of a head first. Packed: no tile where the Q tile starts past its
+    sequence (the grid covers the longest)."""
     start_m = gl.program_id(0) * sw.BLOCK_M
     if sw.MASK_RIGHT:
         start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * sw.BLOCK_M
     b = gl.program_id(1) // nheads
     h = gl.program_id(1) % nheads
     h_k = h // group
-    hi = vw.seqlen_k
-    full_hi = vw.seqlen_k
+    q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = sequence(sw, vw, b, cu_seqlens_q, cu_seqlens_k, diag,
+                                                                   diag_left)
+    hi = seqlen_k
+    full_hi = seqlen_k
     if sw.MASK_RIGHT:
         hi = gl.minimum(hi, start_m + sw.BLOCK_M + diag)
         full_hi = gl.minimum(full_hi, start_m + 1 + diag)
@@ -159,16 +211,21 @@ def _program(sw, nheads, group, vw, diag, diag_left):
         lo = gl.minimum(gl.maximum(start_m + diag_left, 0) // sw.BLOCK_N, n_tiles)
         full_lo = gl.minimum(gl.cdiv(gl.maximum(start_m + sw.BLOCK_M - 1 + diag_left, 0), sw.BLOCK_N), n_tiles)
         n_full = gl.maximum(n_full, full_lo)
-    return (start_m, b, h, h_k, b * vw.q_rows_b + h * vw.q_rows_h, b * vw.k_rows_b + h_k * vw.k_rows_h, lo, full_lo,
-            n_full, n_tiles)
+    if sw.IS_VARLEN:
+        if start_m >= seqlen_q:
+            n_tiles = lo
+    return (start_m, b, h, h_k, q_row0 + h * vw.q_rows_h, k_row0 + h_k * vw.k_rows_h, lo, full_lo, n_full, n_tiles,
+            seqlen_q, seqlen_k, diag, diag_left)
 
 
 @gluon.jit
-def _load_partition(sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag, diag_left):
+def _load_partition(sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag, diag_left, cu_seqlens_q,
+                    cu_seqlens_k):
     """One warp: each consumer's Q and dO rows once, then K and V of each tile into the next ring stage once
     both consumers freed it."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
-    start_m, b, h, h_k, q_row, k_row, lo, full_lo, n_full, n_tiles = _program(sw, nheads, group, vw, diag, diag_left)
+    start_m, b, h, h_k, q_row, k_row, lo, full_lo, n_full, n_tiles, _, _, _, _ = _program(
+        sw, nheads, group, vw, diag, diag_left, cu_seqlens_q, cu_seqlens_k)
     for i in gl.static_range(2):
         mbarrier.expect(smem.q_bar.index(i), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma_load(q_desc, q_row + start_m + i * HALF_M, h * vw.q_col_h, smem.q_bar.index(i), smem.q.index(i))
@@ -196,7 +253,8 @@ def _row_delta(O, do_tile, o_offset, stride_on, rows_start, seqlen_q, HALF_M: gl
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale):
+def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale, cu_seqlens_q,
+              cu_seqlens_k):
     """One warpgroup, rows [start_m + half·64, +64): delta (or, DELTA_IN, its given value), then dQ over every K/V
     tile they may see."""
     HALF_M: gl.constexpr = sw.BLOCK_M // 2
@@ -204,22 +262,28 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
     acc_layout: gl.constexpr = wgmma_layout(sw.HEAD_DIM_PAD)
     op_layout: gl.constexpr = register_operand_layout(acc_layout)
     dtype: gl.constexpr = smem.q.dtype
-    start_m, b, h, h_k, q_row, k_row, lo, full_lo, n_full, n_tiles = _program(sw, nheads, group, vw, diag, diag_left)
+    start_m, b, h, h_k, q_row, k_row, lo, full_lo, n_full, n_tiles, seqlen_q, seqlen_k, diag, diag_left = _program(
+        sw, nheads, group, vw, diag, diag_left, cu_seqlens_q, cu_seqlens_k)
     rows_start = start_m + half * HALF_M
     offs_m = rows_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M] rows
     row_offset = b.to(gl.int64) * ops.stride_lb + h.to(gl.int64) * ops.stride_lh
+    o_offset = b.to(gl.int64) * ops.stride_ob + h.to(gl.int64) * ops.stride_oh
+    first = 0  # the sequence's first row in O, dQ and the (nheads, total) LSE and delta (packed)
+    if sw.IS_VARLEN:
+        first = q_row
+        row_offset += q_row
+        o_offset += q_row.to(gl.int64) * ops.stride_on
     # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
-    lse = gl.load(ops.LSE + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=float("inf")) * LOG2E
+    lse = gl.load(ops.LSE + row_offset + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * LOG2E
     q_half = smem.q.index(half)
     do_half = smem.do.index(half)
     mbarrier.wait(smem.q_bar.index(half), 0)
     if sw.DELTA_IN:  # delta − dLSE, from the preprocess launch
-        delta = gl.load(ops.Delta + row_offset + offs_m, mask=offs_m < vw.seqlen_q, other=0.0)
+        delta = gl.load(ops.Delta + row_offset + offs_m, mask=offs_m < seqlen_q, other=0.0)
     else:
-        delta = _row_delta(ops.O, do_half, b.to(gl.int64) * ops.stride_ob + h.to(gl.int64) * ops.stride_oh,
-                           ops.stride_on, rows_start, vw.seqlen_q, HALF_M, sw.HEAD_DIM_PAD, sw.HEAD_DIM,
-                           gl.SliceLayout(1, s_layout))
-        gl.store(ops.Delta + row_offset + offs_m, delta, mask=offs_m < vw.seqlen_q)
+        delta = _row_delta(ops.O, do_half, o_offset, ops.stride_on, rows_start, seqlen_q, HALF_M, sw.HEAD_DIM_PAD,
+                           sw.HEAD_DIM, gl.SliceLayout(1, s_layout))
+        gl.store(ops.Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
     s_zero = gl.zeros([HALF_M, sw.BLOCK_N], gl.float32, layout=s_layout)
     dq = gl.zeros([HALF_M, sw.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     for j in range(lo, n_tiles):
@@ -239,7 +303,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
             masked = masked | (j < full_lo)
         if masked:
             offs_n = j * sw.BLOCK_N + gl.arange(0, sw.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            ok = offs_n[None, :] < vw.seqlen_k
+            ok = offs_n[None, :] < seqlen_k
             if sw.MASK_RIGHT:
                 ok = ok & (offs_n[None, :] <= (offs_m + diag)[:, None])
             if sw.MASK_LEFT:
@@ -253,19 +317,20 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(smem.kv_free.index(stage))
 
-    store_rows(dq * ops.softmax_scale, ops.dQ, b, h, rows_start, vw.seqlen_q, ops.stride_dqb, ops.stride_dqn,
-               ops.stride_dqh, row_run_layout(sw.HEAD_DIM_PAD), sw.HEAD_DIM)
+    store_rows(dq * ops.softmax_scale, ops.dQ, b, h, first + rows_start, first + seqlen_q, ops.stride_dqb,
+               ops.stride_dqn, ops.stride_dqh, row_run_layout(sw.HEAD_DIM_PAD), sw.HEAD_DIM)
 
 
 @gluon.jit
 def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delta, nheads, group, q_rows_b, q_rows_h,
                                q_col_h, k_rows_b, k_rows_h, k_col_h, stride_ob, stride_on, stride_oh, stride_dqb,
                                stride_dqn, stride_dqh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag, diag_left,
-                               qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SWITCHES: gl.constexpr,
-                               REGS: gl.constexpr):
+                               qk_scale, softmax_scale, cu_seqlens_q, cu_seqlens_k, HEAD_DIM: gl.constexpr,
+                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                               SWITCHES: gl.constexpr, REGS: gl.constexpr):
     """Grid (Q tiles of BLOCK_M rows, batch · nheads). Query i sees keys i + diag_left .. i + diag (SWITCHES, a
-    BwdSwitches: each bound where its side is masked)."""
+    BwdSwitches: each bound where its side is masked). Packed (IS_VARLEN): sequence b's rows from cu_seqlens_q[b],
+    cu_seqlens_k[b], seqlen_q and seqlen_k the longest, ``diag`` and ``diag_left`` as ``sequence`` takes them."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
     q_smem = allocate_tiles(q_desc, 2)
     do_smem = allocate_tiles(do_desc, 2)
@@ -288,9 +353,10 @@ def flash_bwd_dq_hopper_kernel(q_desc, do_desc, k_desc, v_desc, O, dQ, LSE, Delt
                    as_tensor(stride_dqb), as_tensor(stride_dqn), as_tensor(stride_dqh), as_tensor(stride_lb),
                    as_tensor(stride_lh), softmax_scale)
     gl.warp_specialize([
-        (_consumer, (0, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale)),
-        (_consumer, (1, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale)),
-        (_load_partition, (sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag, diag_left)),
+        (_consumer, (0, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_consumer, (1, sw, smem, vw, ops, nheads, group, diag, diag_left, qk_scale, cu_seqlens_q, cu_seqlens_k)),
+        (_load_partition, (sw, smem, vw, q_desc, do_desc, k_desc, v_desc, nheads, group, diag, diag_left,
+                           cu_seqlens_q, cu_seqlens_k)),
     ], [4, 1], [REGS, 24])
     # Released only here, so that no partition's scratch (delta's layout change) is placed in a barrier's bytes while
     # another partition may still wait on it: the allocator sees a barrier live up to its last use in the kernel.
@@ -315,24 +381,26 @@ def backward_descriptors(q, k, v, dout, q_block, k_block, varlen=False):
 
 
 def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
-                window_size=None, softcap=0.0):
-    """(grid, args, kwargs) of the dQ launch (batch mode, calls bwd_hopper.supports accepts); ``config`` a
-    configs.HopperDqConfig. Writes delta into ``delta`` (shaped like lse), or with ``delta_in`` reads it from there,
-    and dQ into ``dq`` (shaped like q). ``window_size``: as band's; ``softcap``: flash-attn's (0: none)."""
+                window_size=None, softcap=0.0, packed=None):
+    """(grid, args, kwargs) of the dQ launch (calls bwd_hopper.supports accepts); ``config`` a configs.HopperDqConfig.
+    Writes delta into ``delta`` (shaped like lse), or with ``delta_in`` reads it from there, and dQ into ``dq`` (shaped
+    like q). ``window_size``: as band's; ``softcap``: flash-attn's (0: none); ``packed``: (cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors, or None."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    (q_desc, k_desc, v_desc, do_desc), q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m // 2, block_n)
-    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-    mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
+    (q_desc, k_desc, v_desc, do_desc), q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m // 2, block_n,
+                                                                             packed is not None)
+    (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
+        launch_rows(q, k, lse, causal, window_size, bottom_right, packed))
     qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_q, block_m), batch * nheads)
     args = (q_desc, do_desc, k_desc, v_desc, out, dq, lse, delta, nheads, nheads // nheads_k, *q_rows, *k_rows,
-            out.stride(0), out.stride(1), out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-            lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, diag, diag_left, qk_scale, softmax_scale)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages,
-                  SWITCHES=BwdSwitches(mask_right, mask_left, DELTA_IN=delta_in, SOFTCAP_SCALE=softcap_scale),
-                  REGS=config.consumer_regs,
-                  num_warps=4, maxnreg=168)
+            *token_strides(out), *token_strides(dq), *lse_strides, seqlen_q, seqlen_k, diag, diag_left, qk_scale,
+            softmax_scale, cu_seqlens_q, cu_seqlens_k)
+    switches = BwdSwitches(mask_right, mask_left, DELTA_IN=delta_in, IS_VARLEN=packed is not None,
+                           BOTTOM_RIGHT=bottom_right, SOFTCAP_SCALE=softcap_scale)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, SWITCHES=switches,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs
 
 
@@ -340,14 +408,17 @@ _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay e
 
 
 def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
-                     window_size=None, softcap=0.0):
+                     window_size=None, softcap=0.0, packed=None):
     """dQ (and delta, unless ``delta_in``) by the launch of ``launch_args``, replayed after a key's first call."""
-    tensors = (q, dout, k, v, out, dq, lse, delta)
-    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in, window_size, softcap)
+    cu_seqlens = () if packed is None else tuple(packed[:2])
+    tensors = (q, dout, k, v, out, dq, lse, delta) + cu_seqlens
+    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in, window_size, softcap,
+                     None if packed is None else packed[2:])
 
     def first():
         grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right,
-                                         config, delta_in, window_size, softcap)
+                                         config, delta_in, window_size, softcap, packed)
         return Replay(flash_bwd_dq_hopper_kernel, grid, args, kwargs,
-                      ["q_desc", "do_desc", "k_desc", "v_desc", "O", "dQ", "LSE", "Delta"])
+                      ["q_desc", "do_desc", "k_desc", "v_desc", "O", "dQ", "LSE", "Delta", "cu_seqlens_q",
+                       "cu_seqlens_k"][:8 + len(cu_seqlens)])
     _REPLAYS.launch(key, q.device, tensors, first)

@@ -21,7 +21,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LOG2E, score_scales, tanh
 from ..common.tiles import cdiv
-from .bwd_dq import BwdSwitches, backward_descriptors, band
+from .bwd_dq import BwdSwitches, backward_descriptors, launch_rows, sequence, token_strides
 from .common import (
     Views,
     allocate_tiles,
@@ -81,6 +81,8 @@ class Problem:
     MASK_RIGHT: gl.constexpr  # (bwd_dq.BwdSwitches)
     MASK_LEFT: gl.constexpr
     SOFTCAP_SCALE: gl.constexpr
+    IS_VARLEN: gl.constexpr  # packed sequences (cu_seqlens)
+    BOTTOM_RIGHT: gl.constexpr
 
     @constexpr_function
     def __init__(self, nheads_k, group, views, diag, diag_left, qk_scale, LSE, Delta, stride_lb, stride_lh,
@@ -96,44 +98,57 @@ class Problem:
         switches = BwdSwitches(*switches)
         self.MASK_RIGHT, self.MASK_LEFT = gl.constexpr(switches.MASK_RIGHT), gl.constexpr(switches.MASK_LEFT)
         self.SOFTCAP_SCALE = gl.constexpr(switches.SOFTCAP_SCALE)
+        self.IS_VARLEN, self.BOTTOM_RIGHT = gl.constexpr(switches.IS_VARLEN), gl.constexpr(switches.BOTTOM_RIGHT)
 
     @gluon.jit
-    def program(self):
-        """(first key of the tile, batch, KV head)."""
-        return gl.program_id(0) * self.BLOCK_N, gl.program_id(1) // self.nheads_k, gl.program_id(1) % self.nheads_k
+    def program(self, cu_seqlens_q, cu_seqlens_k):
+        """(first key of the tile, batch (or sequence), KV head, and bwd_dq.sequence's first Q and K rows, lengths
+        and band of that sequence)."""
+        b = gl.program_id(1) // self.nheads_k
+        q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = sequence(self, self.views, b, cu_seqlens_q, cu_seqlens_k,
+                                                                       self.diag, self.diag_left)
+        return (gl.program_id(0) * self.BLOCK_N, b, gl.program_id(1) % self.nheads_k, q_row0, k_row0, seqlen_q,
+                seqlen_k, diag, diag_left)
 
     @gluon.jit
-    def steps(self, start_n):
+    def steps(self, start_n, seqlen_q, seqlen_k, diag, diag_left):
         """(first Q tile, Q tiles a head): the Q tiles that see a key of the tile starting at start_n; a program
-        steps through them for each query head of its group."""
+        steps through them for each query head of its group. Packed, none where the tile starts past its sequence's
+        keys (the grid covers the longest)."""
         lo = 0
         if self.MASK_RIGHT:
-            lo = gl.maximum(start_n - self.diag, 0) // self.BLOCK_M
-        hi = gl.cdiv(self.views.seqlen_q, self.BLOCK_M)
+            lo = gl.maximum(start_n - diag, 0) // self.BLOCK_M
+        hi = gl.cdiv(seqlen_q, self.BLOCK_M)
         if self.MASK_LEFT:  # the Q tile of the last row whose window starts at the tile's last key or before
-            hi = gl.maximum(gl.minimum(hi, gl.maximum(start_n + self.BLOCK_N - 1 - self.diag_left + self.BLOCK_M, 0)
+            hi = gl.maximum(gl.minimum(hi, gl.maximum(start_n + self.BLOCK_N - 1 - diag_left + self.BLOCK_M, 0)
                                        // self.BLOCK_M), lo)
+        if self.IS_VARLEN:
+            if start_n >= seqlen_k:
+                hi = lo
         return lo, hi - lo
 
     @gluon.jit
-    def row_stats(self, Stats, b, h, offs_m, other):
-        """LSE or delta of the rows offs_m of query head h; ``other`` past the sequence."""
+    def row_stats(self, Stats, b, h, offs_m, other, seqlen_q, q_row0):
+        """LSE or delta of the rows offs_m of query head h (packed: of the sequence from row q_row0 of the (nheads,
+        total) rows); ``other`` past the sequence."""
         base = Stats + b.to(gl.int64) * self.stride_lb + h.to(gl.int64) * self.stride_lh
-        return gl.load(base + offs_m, mask=offs_m < self.views.seqlen_q, other=other)
+        if self.IS_VARLEN:
+            base += q_row0
+        return gl.load(base + offs_m, mask=offs_m < seqlen_q, other=other)
 
 
 @gluon.jit
-def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
+def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc, cu_seqlens_q, cu_seqlens_k):
     """One warp: K and V once, then Q and dO of every (query head, Q tile) in turn."""
-    start_n, b, h_k = pb.program()
-    k_row = b * pb.views.k_rows_b + h_k * pb.views.k_rows_h + start_n
+    start_n, b, h_k, q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = pb.program(cu_seqlens_q, cu_seqlens_k)
+    k_row = k_row0 + h_k * pb.views.k_rows_h + start_n
     mbarrier.expect(smem.kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, k_row, h_k * pb.views.k_col_h, smem.kv_bar, smem.k)
     tma_load(v_desc, k_row, h_k * pb.views.k_col_h, smem.kv_bar, smem.v)
-    lo, n_m = pb.steps(start_n)
+    lo, n_m = pb.steps(start_n, seqlen_q, seqlen_k, diag, diag_left)
     for t in range(pb.group * n_m):  # (query head, Q tile); stage t % STAGES in its (t // STAGES)-th round
         h = h_k * pb.group + t // n_m
-        row = b * pb.views.q_rows_b + h * pb.views.q_rows_h + (lo + t % n_m) * pb.BLOCK_M
+        row = q_row0 + h * pb.views.q_rows_h + (lo + t % n_m) * pb.BLOCK_M
         stage = t % pb.STAGES
         mbarrier.wait(smem.q_free.index(stage), ((t // pb.STAGES) & 1) ^ 1)
         mbarrier.expect(smem.q_ready.index(stage), q_desc.block_type.nbytes)
@@ -143,17 +158,17 @@ def _load_partition(pb: Problem, smem: Smem, q_desc, k_desc, v_desc, do_desc):
 
 
 @gluon.jit
-def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
+def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h, cu_seqlens_q, cu_seqlens_k):
     """One warpgroup: Pᵀ of every step, for the dK warpgroup too, and dV += Pᵀ dO."""
     s_layout: gl.constexpr = wgmma_layout(pb.BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM_PAD)
-    start_n, b, h_k = pb.program()
+    start_n, b, h_k, q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = pb.program(cu_seqlens_q, cu_seqlens_k)
     last_key = start_n + pb.BLOCK_N - 1
     offs_n = start_n + gl.arange(0, pb.BLOCK_N, layout=gl.SliceLayout(1, s_layout))  # [BLOCK_N] keys
     s_zero = gl.zeros([pb.BLOCK_N, pb.BLOCK_M], gl.float32, layout=s_layout)
     dv = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     mbarrier.wait(smem.kv_bar, 0)
-    lo, n_m = pb.steps(start_n)
+    lo, n_m = pb.steps(start_n, seqlen_q, seqlen_k, diag, diag_left)
     for t in range(pb.group * n_m):  # (query head, Q tile), in the loader's order
         stage = t % pb.STAGES
         phase = (t // pb.STAGES) & 1
@@ -162,26 +177,26 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
         mbarrier.wait(smem.q_ready.index(stage), phase)
         s_t = warpgroup_mma(smem.k, smem.q.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # Rows past the query sequence: LSE = +inf, so P = 0 there whatever the neighbour's rows hold.
-        lse = pb.row_stats(pb.LSE, b, h_k * pb.group + t // n_m, offs_m, float("inf")) * LOG2E
+        lse = pb.row_stats(pb.LSE, b, h_k * pb.group + t // n_m, offs_m, float("inf"), seqlen_q, q_row0) * LOG2E
         s_t = warpgroup_mma_wait(0, deps=(s_t, ))  # [BLOCK_N, BLOCK_M]
         if pb.SOFTCAP_SCALE > 0:
             s_t = tanh(s_t * pb.SOFTCAP_SCALE)
         p_t = gl.exp2(s_t * pb.qk_scale - lse[None, :])
         if pb.MASK_RIGHT or pb.MASK_LEFT:
-            cut = last_key >= pb.views.seqlen_k  # the end, the diagonal, the window's start
+            cut = last_key >= seqlen_k  # the end, the diagonal, the window's start
             if pb.MASK_RIGHT:
-                cut = cut | (last_key > start_m + pb.diag)
+                cut = cut | (last_key > start_m + diag)
             if pb.MASK_LEFT:
-                cut = cut | (start_n < start_m + pb.BLOCK_M - 1 + pb.diag_left)
+                cut = cut | (start_n < start_m + pb.BLOCK_M - 1 + diag_left)
             if cut:
-                ok = (offs_n < pb.views.seqlen_k)[:, None]
+                ok = (offs_n < seqlen_k)[:, None]
                 if pb.MASK_RIGHT:
-                    ok = ok & (offs_n[:, None] <= (offs_m + pb.diag)[None, :])
+                    ok = ok & (offs_n[:, None] <= (offs_m + diag)[None, :])
                 if pb.MASK_LEFT:
-                    ok = ok & (offs_n[:, None] >= (offs_m + pb.diag_left)[None, :])
+                    ok = ok & (offs_n[:, None] >= (offs_m + diag_left)[None, :])
                 p_t = gl.where(ok, p_t, 0.0)
-        elif last_key >= pb.views.seqlen_k:  # the keys pass the sequence's end
-            p_t = gl.where((offs_n < pb.views.seqlen_k)[:, None], p_t, 0.0)
+        elif last_key >= seqlen_k:  # the keys pass the sequence's end
+            p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         p_ds = p_t  # what the dK warpgroup's dSᵀ takes: Pᵀ, times 1 − tanh² where the scores are capped
         if pb.SOFTCAP_SCALE > 0:
             p_ds = p_t * (1.0 - s_t * s_t)
@@ -195,27 +210,31 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h):
                            is_async=True)
         dv = warpgroup_mma_wait(0, deps=(dv, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dv, dV, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h,
+    k_base = 0  # packed dV, dK: rows of every sequence (their batch strides are 0)
+    if pb.IS_VARLEN:
+        k_base = k_row0
+    store_rows(dv, dV, b, h_k, k_base + start_n, k_base + seqlen_k, stride_b, stride_n, stride_h,
                row_run_layout(pb.HEAD_DIM_PAD), pb.HEAD_DIM)
 
 
 @gluon.jit
-def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, softmax_scale):
+def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, softmax_scale, cu_seqlens_q,
+                  cu_seqlens_k):
     """One warpgroup: dPᵀ = V dOᵀ, dSᵀ from the dV warpgroup's Pᵀ, and dK += dSᵀ Q."""
     s_layout: gl.constexpr = wgmma_layout(pb.BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(pb.HEAD_DIM_PAD)
-    start_n, b, h_k = pb.program()
+    start_n, b, h_k, q_row0, k_row0, seqlen_q, seqlen_k, diag, diag_left = pb.program(cu_seqlens_q, cu_seqlens_k)
     s_zero = gl.zeros([pb.BLOCK_N, pb.BLOCK_M], gl.float32, layout=s_layout)
     dk = gl.zeros([pb.BLOCK_N, pb.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
     mbarrier.wait(smem.kv_bar, 0)
-    lo, n_m = pb.steps(start_n)
+    lo, n_m = pb.steps(start_n, seqlen_q, seqlen_k, diag, diag_left)
     for t in range(pb.group * n_m):
         stage = t % pb.STAGES
         phase = (t // pb.STAGES) & 1
         offs_m = (lo + t % n_m) * pb.BLOCK_M + gl.arange(0, pb.BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         mbarrier.wait(smem.do_ready.index(stage), phase)
         dp_t = warpgroup_mma(smem.v, smem.do.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        delta = pb.row_stats(pb.Delta, b, h_k * pb.group + t // n_m, offs_m, 0.0)
+        delta = pb.row_stats(pb.Delta, b, h_k * pb.group + t // n_m, offs_m, 0.0, seqlen_q, q_row0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [BLOCK_N, BLOCK_M]
         mbarrier.wait(smem.p_ready.index(t % 2), (t // 2) & 1)
         p_t = smem.p.index(t % 2).load(s_layout).to(gl.float32)  # [BLOCK_N, BLOCK_M]
@@ -227,7 +246,10 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
                            is_async=True)
         dk = warpgroup_mma_wait(0, deps=(dk, ))
         mbarrier.arrive(smem.q_free.index(stage))
-    store_rows(dk * softmax_scale, dK, b, h_k, start_n, pb.views.seqlen_k, stride_b, stride_n, stride_h,
+    k_base = 0
+    if pb.IS_VARLEN:
+        k_base = k_row0
+    store_rows(dk * softmax_scale, dK, b, h_k, k_base + start_n, k_base + seqlen_k, stride_b, stride_n, stride_h,
                row_run_layout(pb.HEAD_DIM_PAD), pb.HEAD_DIM)
 
 
@@ -235,9 +257,9 @@ def _dk_partition(pb: Problem, smem: Smem, dK, stride_b, stride_n, stride_h, sof
 def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, Delta, nheads_k, group, q_rows_b,
                                 q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h, stride_dkb, stride_dkn, stride_dkh,
                                 stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh, seqlen_q, seqlen_k, diag,
-                                diag_left, qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SWITCHES: gl.constexpr,
-                                REGS: gl.constexpr):
+                                diag_left, qk_scale, softmax_scale, cu_seqlens_q, cu_seqlens_k, HEAD_DIM: gl.constexpr,
+                                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                SWITCHES: gl.constexpr, REGS: gl.constexpr):
     """Grid (K/V tiles of BLOCK_N keys, batch · nheads_k). Query i sees keys i + diag_left .. i + diag (SWITCHES, a
     bwd_dq.BwdSwitches: each bound where its side is masked)."""
     HEAD_DIM_PAD: gl.constexpr = tile_cols(HEAD_DIM)
@@ -264,28 +286,31 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
                  as_tensor(diag_left), qk_scale, LSE, Delta, as_tensor(stride_lb), as_tensor(stride_lh), HEAD_DIM_PAD,
                  HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SWITCHES)
     gl.warp_specialize([
-        (_dv_partition, (pb, smem, dV, stride_dvb, stride_dvn, stride_dvh)),
-        (_dk_partition, (pb, smem, dK, stride_dkb, stride_dkn, stride_dkh, softmax_scale)),
-        (_load_partition, (pb, smem, q_desc, k_desc, v_desc, do_desc)),
+        (_dv_partition, (pb, smem, dV, stride_dvb, stride_dvn, stride_dvh, cu_seqlens_q, cu_seqlens_k)),
+        (_dk_partition, (pb, smem, dK, stride_dkb, stride_dkn, stride_dkh, softmax_scale, cu_seqlens_q,
+                         cu_seqlens_k)),
+        (_load_partition, (pb, smem, q_desc, k_desc, v_desc, do_desc, cu_seqlens_q, cu_seqlens_k)),
     ], [4, 1], [REGS, 24])
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, window_size=None,
-                softcap=0.0):
+                softcap=0.0, packed=None):
     """(grid, args, kwargs) of the dK/dV launch (calls bwd_hopper.supports accepts); dk, dv shaped like k;
     ``config`` a configs.HopperBwdConfig with split_gradients; ``window_size``: as bwd_dq.band's; ``softcap``:
-    flash-attn's (0: none)."""
+    flash-attn's (0: none); ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total,
+    nheads, headdim) tensors, or None."""
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k = q.shape[-2], k.shape[-2]
-    descs, q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m, block_n)
-    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-    mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
+    descs, q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m, block_n, packed is not None)
+    (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
+        launch_rows(q, k, lse, causal, window_size, bottom_right, packed))
     qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
-    args = (*descs, dk, dv, lse, delta, nheads_k, nheads // nheads_k, *q_rows, *k_rows, dk.stride(0), dk.stride(1),
-            dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), seqlen_q, seqlen_k,
-            diag, diag_left, qk_scale, softmax_scale)
-    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages,
-                  SWITCHES=BwdSwitches(mask_right, mask_left, SOFTCAP_SCALE=softcap_scale), REGS=config.consumer_regs,
-                  num_warps=4, maxnreg=168)
+    args = (*descs, dk, dv, lse, delta, nheads_k, nheads // nheads_k, *q_rows, *k_rows, *token_strides(dk),
+            *token_strides(dv), *lse_strides, seqlen_q, seqlen_k, diag, diag_left, qk_scale, softmax_scale,
+            cu_seqlens_q, cu_seqlens_k)
+    switches = BwdSwitches(mask_right, mask_left, IS_VARLEN=packed is not None, BOTTOM_RIGHT=bottom_right,
+                           SOFTCAP_SCALE=softcap_scale)
+    kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, SWITCHES=switches,
+                  REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs

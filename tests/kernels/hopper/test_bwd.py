@@ -130,10 +130,41 @@ def test_packed_launch_arguments():
                                      config=config, packed=packed)
 
 
+def test_packed_split_launch_arguments():
+    """Packed sequences on the split design: the dQ kernel's grid over the longest sequence's Q tiles for every
+    (sequence, head), the dK/dV kernel's over its K/V tiles for every (sequence, KV head); both take cu_seqlens, the
+    longest lengths, no batch strides ((nheads, total) LSE and delta, packed O, dQ, dK, dV) and the packed band."""
+    from flashtile.kernels.hopper import bwd_dq, bwd_split
+    q, dout = torch.randn(300, 8, 256, dtype=torch.bfloat16), torch.randn(300, 8, 256, dtype=torch.bfloat16)
+    k, v = (torch.randn(500, 2, 256, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(8, 300)
+    cu_q, cu_k = torch.tensor([0, 100, 300], dtype=torch.int32), torch.tensor([0, 260, 500], dtype=torch.int32)
+    config = configs.BWD_HOPPER[(256, True)]
+    assert config.split_gradients
+    packed = (cu_q, cu_k, 200, 260)
+    grid, args, kwargs = bwd_dq.launch_args(q, k, v, q, dout, q, lse, lse, 0.1, True, True, config.dq_hopper,
+                                            packed=packed)
+    values = dict(zip(bwd_dq.flash_bwd_dq_hopper_kernel.arg_names, args))
+    assert grid == (-(-200 // config.dq_hopper.block_m), 2 * 8) and kwargs["SWITCHES"].IS_VARLEN
+    assert (values["seqlen_q"], values["seqlen_k"], values["diag"]) == (200, 260, 1)
+    assert values["cu_seqlens_q"] is cu_q
+    assert (values["stride_ob"], values["stride_dqb"], values["stride_lb"]) == (0, 0, 0)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    grid, args, kwargs = bwd_split.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, False, True, config, (128, 0),
+                                               packed=packed)
+    values = dict(zip(bwd_split.flash_bwd_dkdv_split_kernel.arg_names, args))
+    sw = kwargs["SWITCHES"]
+    assert grid == (-(-260 // config.block_n), 2 * 2) and sw.IS_VARLEN and sw.MASK_LEFT and sw.MASK_RIGHT
+    assert (values["diag"], values["diag_left"]) == (0, -128)  # offsets from each sequence's diagonal
+    assert (values["stride_dkb"], values["stride_dvb"], values["stride_lb"]) == (0, 0, 0)
+    assert values["cu_seqlens_k"] is cu_k
+
+
 def test_backward_dispatch(monkeypatch):
     """On sm90 (pretended here) "auto" gives D=64, 128 and 256 batch-mode calls to the Gluon backward at any length,
     with any window, and head dims of 16-byte rows in tiles of those (40, 80, 96, 192) with their tiles' configs;
-    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic), any window;
+    "portable" never; packed sequences where the design is the one pass (D=64, 128, not deterministic) or splits the
+    gradients (D=192, 256), any window;
     other head dims (rows not of 16 bytes, tiles of 32 columns) stay portable."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
@@ -154,13 +185,14 @@ def test_backward_dispatch(monkeypatch):
     for head_dim in (40, 80, 96, 192):
         assert taken("auto", 4096, head_dim) == taken("auto", 4096, head_dim, (-1, -1)) == ok
     assert not taken("auto", 4096, head_dim=59) and not taken("auto", 4096, head_dim=24)
-    assert taken("auto", 4096, head_dim=96, packed=True) == ok and not taken("auto", 4096, head_dim=192, packed=True)
+    assert taken("auto", 4096, head_dim=96, packed=True) == taken("auto", 4096, head_dim=192, packed=True) == ok
     for window in ((256, 0), (100, 100), (128, -1), (-1, 64)):
         assert taken("auto", 4096, window=window) == taken("auto", 4096, 256, window) == ok
         assert taken("auto", 4096, window=window, packed=True) == ok
     assert taken("auto", 4096, packed=True) == taken("auto", 4096, head_dim=64, packed=True) == ok
-    assert not taken("auto", 4096, packed=True, deterministic=True)
-    assert not taken("auto", 4096, head_dim=256, packed=True)
+    assert not taken("auto", 4096, packed=True, deterministic=True)  # (no packed two kernels at D=64, 128)
+    assert taken("auto", 4096, head_dim=256, packed=True) == taken("auto", 4096, 256, packed=True,
+                                                                   deterministic=True) == ok  # the split design
 
 
 def test_softcap_takes_the_split_design(monkeypatch):
@@ -412,9 +444,10 @@ def test_packed_qkv_read_in_place(head_dim, causal):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0), (100, 100), (-1, 64), (64, -1)],
                          ids=["full", "causal", "w256_0", "w100_100", "w-1_64", "w64_-1"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256], ids=lambda d: f"d{d}")
 def test_packed_sequences(head_dim, window, dtype):
-    """flash_attn_varlen_func's gradients on the sm90 one pass: ragged sequences (one without queries, one without
+    """flash_attn_varlen_func's gradients on the sm90 one pass (D=192, 256: the split design's two kernels): ragged
+    sequences (one without queries, one without
     keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q; full, causal and sliding
     windows (each sequence's band from its own diagonal); against float64 within 2x of PyTorch's own error, and those
     rows' dQ zero."""
