@@ -202,23 +202,23 @@ def info(args):
     print(f"  backward: {backward}")
     print(f"  decode, one new token over {args.cache_len} cached keys (flash_attn_with_kvcache): "
           f"{decode_plan(args.batch, args.cache_len, args.heads, kv_heads, args.head_dim)}")
-    hopper = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask, args.softcap)
-    if hopper is None:
+    hopper_fwd = sm90_forward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask, args.softcap)
+    if hopper_fwd is None:
         print("on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/portable/fwd.py")
     else:
-        config = ", ".join(f"{name}={value!r}" for name, value in vars(hopper[0]).items() if name != "below")
+        config = ", ".join(f"{name}={value!r}" for name, value in vars(hopper_fwd[0]).items() if name != "below")
         print(f"on an sm90 GPU (H100, H200) in bf16 the forward runs kernels/hopper/fwd.py with "
-              f"{type(hopper[0]).__name__}({config}), compiled with {hopper[1]}")
-    hopper = sm90_backward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask,
-                           args.deterministic, args.softcap)
-    if hopper is None:
+              f"{type(hopper_fwd[0]).__name__}({config}), compiled with {hopper_fwd[1]}")
+    hopper_bwd = sm90_backward(args.batch, args.seqlen, args.heads, kv_heads, args.head_dim, mask,
+                               args.deterministic, args.softcap)
+    if hopper_bwd is None:
         print("on an sm90 GPU (H100, H200) in bf16 the backward runs kernels/portable/bwd.py")
     else:
-        print(f"on an sm90 GPU (H100, H200) in bf16 the backward runs, in kernels/, {hopper[1]} with {hopper[0]}")
+        print(f"on an sm90 GPU (H100, H200) in bf16 the backward runs, in kernels/, {hopper_bwd[1]} with "
+              f"{hopper_bwd[0]}")
     from .kernels.common.tiles import head_dim_pad
     tile = head_dim_pad(args.head_dim)
-    if tile != args.head_dim and (hopper is not None or sm90_forward(args.batch, args.seqlen, args.heads, kv_heads,
-                                                                      args.head_dim, mask) is not None):
+    if tile != args.head_dim and (hopper_fwd is not None or hopper_bwd is not None):
         print(f"  (the sm90 kernels take head dim {args.head_dim} in tiles of {tile} columns, those of head dim "
               f"{tile}: the columns past {args.head_dim} are read as zeros)")
     if torch.cuda.is_available():

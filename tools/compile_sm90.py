@@ -182,11 +182,7 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, wi
     from flashtile.kernels.hopper import bwd as bwd_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
-    sequences = None
-    if packed:  # two sequences of up to 1024 rows, (total, nheads, headdim), the LSE (nheads, total)
-        q, k, lse = q.flatten(0, 1), k.flatten(0, 1), lse.transpose(0, 1).flatten(1)
-        cu_seqlens = torch.tensor([0, 1024, 2048], dtype=torch.int32)
-        sequences = (cu_seqlens, cu_seqlens, 1024, 1024)
+    q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, sequences)) if single_pass else None
     grid, args, kwargs = bwd_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse, 0.1,
                                                 causal, True, config, dq_acc, packed=sequences, window_size=window)

@@ -37,6 +37,7 @@ from .common import (
     view_layout,
     views,
     wgmma_layout,
+    window_sides,
     windowed,
 )
 
@@ -68,10 +69,10 @@ def band(causal, window_size, seqlen_q, seqlen_k, bottom_right):
 def packed_band(causal, window_size, bottom_right, q, k):
     """(MASK_RIGHT, MASK_LEFT, diag, diag_left) of packed (total, nheads, headdim) q, k, as ``sequence`` takes them:
     ``diag`` 1 for each sequence's own diagonal (bottom-right causal) or 0; with a window both sides as offsets from
-    each sequence's diagonal, a side open to the left one no row of any sequence reaches."""
+    each sequence's diagonal (common.window_sides: as the forward takes them)."""
     if windowed(window_size):
-        mask_right, _, diag, diag_left = band(causal, window_size, 0, 0, bottom_right)
-        return mask_right, True, diag, (diag_left if window_size[0] >= 0 else -max(q.shape[0], k.shape[0]))
+        mask_right, mask_left, right, left = window_sides(causal, window_size, q.shape[0], k.shape[0])
+        return mask_right, mask_left, right, -left
     return causal, False, int(bottom_right), 0
 
 
@@ -286,6 +287,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
         gl.store(ops.Delta + row_offset + offs_m, delta, mask=offs_m < seqlen_q)
     s_zero = gl.zeros([HALF_M, sw.BLOCK_N], gl.float32, layout=s_layout)
     dq = gl.zeros([HALF_M, sw.HEAD_DIM_PAD], gl.float32, layout=acc_layout)
+    inv_qk_scale = 1.0 / qk_scale  # (softcapped: capped_grad's)
     for j in range(lo, n_tiles):
         stage = (j - lo) % sw.STAGES
         phase = ((j - lo) // sw.STAGES) & 1
@@ -312,7 +314,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
         dp = warpgroup_mma_wait(0, deps=(dp, ))  # [HALF_M, BLOCK_N]
         ds = p * (dp - delta[:, None])
         if sw.SOFTCAP_SCALE > 0:
-            ds = ds * capped_grad(p, lse[:, None], 1.0 / qk_scale)
+            ds = ds * capped_grad(p, lse[:, None], inv_qk_scale)
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k_tile, dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(smem.kv_free.index(stage))

@@ -163,6 +163,16 @@ def windowed(window_size):
     return window_size is not None and not (window_size[0] < 0 and window_size[1] in (-1, 0))
 
 
+def window_sides(causal, window_size, rows_q, rows_k):
+    """(MASK_RIGHT, MASK_LEFT, right, left) of a call: query i sees keys up to i + diag (+ right) and, with MASK_LEFT,
+    from i + diag - left (diag: the kernel's alignment, a sequence's own when packed). A window has both sides in the
+    kernel: one open to the left takes a left side no row reaches (rows_q, rows_k: at least any sequence's lengths)."""
+    if not windowed(window_size):
+        return causal, False, 0, 0
+    left, right = window_size
+    return right >= 0, True, max(right, 0), left if left >= 0 else max(rows_q, rows_k)
+
+
 def view_layout(t, varlen):
     """((rows, width, row stride), rows per batch, rows per head, column per head) of the 2-D view a descriptor
     reads, from token-major (.., seqlen, nheads, headdim) or head-major (batch, nheads, seqlen, headdim) strides; a

@@ -6,7 +6,16 @@ from triton.experimental.gluon import language as gl
 from ..common.online_softmax import score_scales
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, next_pow2, num_sms
-from .common import GLUON_VERSION_OK, head_coord, same_rows, tile_descriptor, view, view_layout, windowed
+from .common import (
+    GLUON_VERSION_OK,
+    head_coord,
+    same_rows,
+    tile_descriptor,
+    view,
+    view_layout,
+    window_sides,
+    windowed,
+)
 from .fwd import flash_fwd_hopper_kernel
 from .fwd_bundles import FwdSwitches
 from .fwd_schedule import WG_M, counter_size, is_stream_counter, stream_counter, uses_claims, uses_frozen_max
@@ -20,16 +29,6 @@ def supports(q, k, v, window_size):
     return (GLUON_VERSION_OK and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] % 8 == 0
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and view_layout(q, varlen) is not None and same_rows(view_layout(v, varlen), view_layout(k, varlen)))
-
-
-def window_sides(causal, window_size, rows_q, rows_k):
-    """(MASK_RIGHT, MASK_LEFT, right, left) of a call: query i sees keys up to i + diag (+ right) and, with MASK_LEFT,
-    from i + diag - left (diag: the kernel's alignment, a sequence's own when packed). A window has both sides in the
-    kernel: one open to the left takes a left side no row reaches (rows_q, rows_k: at least any sequence's lengths)."""
-    if not windowed(window_size):
-        return causal, False, 0, 0
-    left, right = window_size
-    return right >= 0, True, max(right, 0), left if left >= 0 else max(rows_q, rows_k)
 
 
 _REPLAYS = Replays()
