@@ -45,7 +45,7 @@ from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, head_dim_pad, next_pow2
 from ..portable import bwd as portable_bwd
 from . import bwd_dq, bwd_split
-from .bwd_dq import BwdSwitches, Switches, backward_descriptors, band, packed_band, sequence, token_strides
+from .bwd_dq import BwdSwitches, Switches, backward_descriptors, launch_rows, sequence, token_strides
 from .common import (
     GLUON_VERSION_OK,
     allocate_tiles,
@@ -408,19 +408,14 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
     descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(
         q, k, v, dout, block_m, block_n // 2, packed is not None)
-    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
-    batch = q.shape[0] if packed is None else cu_seqlens_q.numel() - 1
-    if packed:
-        mask_right, mask_left, diag, diag_left = packed_band(causal, window_size, bottom_right, q, k)
-    else:
-        mask_right, mask_left, diag, diag_left = band(causal, window_size, seqlen_q, seqlen_k, bottom_right)
+    (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
+        launch_rows(q, k, lse, causal, window_size, bottom_right, packed))
     grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
     if dq_acc is not None:  # rows of 32 floats: each half of a Q tile's dQ is cols of them, in dq_tile_order
         dq_arg = descriptor(dq_acc.view(-1, 32), [cols, 32], DQ_TILE_LAYOUT.value)
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
-    lse_strides = (lse.stride(0), lse.stride(1)) if packed is None else (0, lse.stride(0))
     args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *token_strides(dk), *token_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
             nheads // nheads_k, softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
