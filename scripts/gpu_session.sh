@@ -120,18 +120,18 @@ for step in "$@"; do
     padded-tests)  # head dims below their tiles' (40, 80, 96, 192) on the sm90 kernels: their GPU tests, with the
       # kernels' own tests at D=64/128/256 that share the changed code (FROZEN_MAX's redo, the common layouts)
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper \
-        -k "d40 or d80 or d96 or d192 or padded or covers_the_common or taken_for or frozen_max" 2>&1 \
+        -k "d40 or d80 or d96 or d192 or padded or covers_the_common or taken_for or frozen_max" 2>&1 | tee "$out/padded-tests-full.log" \
         | grep -E "passed|failed|FAILED|Error" | tee "$out/padded-tests.log" ;;
     window-tests)  # sliding windows (both designs, D=64 to 256, packed) and softcap (D=192, 256) on the sm90 backward
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
-        -k "window or test_gradients or deterministic or packed_sequences or softcap" 2>&1 \
+        -k "window or test_gradients or deterministic or packed_sequences or softcap" 2>&1 | tee "$out/window-tests-full.log" \
         | grep -E "passed|failed|FAILED|Error" \
         | tee "$out/window-tests.log" ;;
     window-fwd-tests)  # sliding windows and softcap on the sm90 forward (D=64 to 256, bf16 and fp16, short lengths),
       # with the forward's tests of the code the window touched (the three-warpgroup items, FROZEN_MAX, claims)
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \
         -k "not portable and (window or softcap or three_consumer or d64_causal or frozen_max or ragged or covers_the_common)" \
-        2>&1 | grep -E "passed|failed|FAILED|Error" | tee "$out/window-fwd-tests.log" ;;
+        2>&1 | tee "$out/window-fwd-tests-full.log" | grep -E "passed|failed|FAILED|Error" | tee "$out/window-fwd-tests.log" ;;
     padded-bench)  # D=96 and 192 against the portable kernels (the path before), FA4 (where PYTHONPATH has it),
       # cuDNN and FA2
       timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \

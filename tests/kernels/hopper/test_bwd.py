@@ -415,7 +415,7 @@ def test_taken_for_the_shapes_it_covers():
         q, k = randn(1, 256, 4, d, dtype=torch.bfloat16), randn(1, 256, 2, d, dtype=torch.bfloat16)
         assert dispatch.backward(q, k, k, q, (-1, -1), False).kernel == "hopper/bwd.py"
         assert dispatch.backward(q, k, k, q, (-1, 0), False).kernel == "hopper/bwd.py"
-        assert dispatch.backward(q, k, k, q, (128, 0), False).kernel == "portable/bwd.py"  # sliding window
+        assert dispatch.backward(q, k, k, q, (128, 0), False).kernel == "hopper/bwd.py"  # sliding window
     d60 = (t[..., :60].contiguous() for t in (q, k, k, q))  # rows of 120 bytes
     assert dispatch.backward(*d60, (-1, -1), False).kernel == "portable/bwd.py"
 

@@ -761,7 +761,7 @@ def test_frozen_max(head_dim, causal, forward_backend, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("window_size", [(1000, 0), (700, 300), (-1, 500)], ids=lambda w: f"w{w[0]}_{w[1]}")
-@pytest.mark.parametrize("head_dim", [96, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [96, 128], ids=lambda d: f"d{d}")  # D=256 takes no FROZEN_MAX
 def test_frozen_max_under_a_window(head_dim, window_size, forward_backend):
     """FROZEN_MAX under a sliding window (bf16, two consumer warpgroups): each warpgroup keeps the running maximum up to
     the tile where its last row meets its first key (fwd._window_step), then freezes; scores that rise along the keys
