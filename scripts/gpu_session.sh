@@ -134,19 +134,19 @@ for step in "$@"; do
         2>&1 | tee "$out/window-fwd-tests-full.log" | grep -E "passed|failed|FAILED|Error" | tee "$out/window-fwd-tests.log" ;;
     padded-bench)  # D=96 and 192 against the portable kernels (the path before), FA4 (where PYTHONPATH has it),
       # cuDNN and FA2
-      timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 \
+      timeout 280 python3 -m flashtile.bench --backward --head-dims 96 192 --seqlens 1024 4096 16384 --rounds 1 --memory-seqlens \
         --peers flashtile "flashtile (portable)" FA4 cuDNN "FA2 (SDPA flash)" --out "$out/bench-padded" 2>&1 \
         | grep "^|" | tee "$out/padded-bench.log" ;;
     window-bench)  # sliding windows: the sm90 kernels against the portable ones (the path before) and FA4 (where
       # PYTHONPATH has it)
       for w in "256 0" "4096 0"; do
         timeout 140 python3 -m flashtile.bench --backward --window $w --head-dims 64 128 --seqlens 4096 16384 \
-          --rounds 1 --peers flashtile "flashtile (portable)" FA4 --out "$out/bench-window-${w// /_}" 2>&1 \
+          --rounds 1 --memory-seqlens --peers flashtile "flashtile (portable)" FA4 --out "$out/bench-window-${w// /_}" 2>&1 \
           | grep "^|" | tee -a "$out/window-bench.log"
       done ;;
     softcap-bench)  # Gemma 2's capped scores (softcap 50) at D=256: the sm90 kernels against the portable ones (the path
       # before) and FA4 (where PYTHONPATH has it), beside flashtile without a cap
-      timeout 280 python3 -m flashtile.bench --backward --head-dims 256 --seqlens 4096 16384 --rounds 1 \
+      timeout 280 python3 -m flashtile.bench --backward --head-dims 256 --seqlens 4096 16384 --rounds 1 --memory-seqlens \
         --peers "flashtile (softcap 50)" "flashtile (portable, softcap 50)" "FA4 (softcap 50)" flashtile \
         --out "$out/bench-softcap" 2>&1 | grep "^|" | tee "$out/softcap-bench.log" ;;
     kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their
