@@ -160,7 +160,7 @@ def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal, softcap=0.0)
     compile-time switches) of kernels/hopper/fwd.py, or None where it runs the portable kernel."""
     from . import dispatch
     q, k, window = _call(batch, seqlen, nheads, nheads_k, head_dim, causal)
-    config = dispatch.hopper_forward_pick(q, k, k, window)
+    config = dispatch.hopper_forward_pick(q, k, k, window, softcap=softcap)
     if config is None:
         return None
     return config, dispatch.hopper("fwd_launch").switches(q, k, k, dispatch.is_causal(window), config, window, softcap)

@@ -62,6 +62,8 @@ class HopperFwdConfig:
     # of pairs (0: program p takes items p, p + grid, ...)
     frozen_max: bool = False  # every K/V tile after an item's first uses that tile's row maxima (no max, no rescale)
     o_tma: bool = False  # O by TMA stores from a shared-memory tile per consumer (D=128: in a third K/V stage's room)
+    min_window: int = 0  # sliding windows of fewer keys a row (left + right + 1) run the portable kernel
+    softcap: bool = True  # capped scores (softcap) take this config; else the portable kernel
     below: Optional["HopperFwdConfig"] = None  # the config below min_seqlen_q query rows (None: the portable kernel)
 
 
@@ -213,22 +215,25 @@ DECODE_PAGED_HEADS_FROM = 4096
 # The forward (docs/configs.md#fwd_hopper): each field measured against the entry without it, in turns in one process.
 FWD_HOPPER = {
     # 192-row tiles in three consumer warpgroups, P to 16 bits each step: from 1k rows ahead of the portable kernel
+    # windows under 4096 keys and capped scores: the portable kernel was faster (docs/configs.md#fwd_hopper-windows)
     (64, False): HopperFwdConfig(block_m=192, block_n=128, num_stages=3, consumer_regs=160, maxnreg=128,
-                                 persistent=True, early_p=True, frozen_max=True, min_seqlen_q=1024),
+                                 persistent=True, early_p=True, frozen_max=True, min_seqlen_q=1024, min_window=4096,
+                                 softcap=False),
     # three warpgroups claiming items from 2k rows; two warpgroups, no ping-pong, from 1k
     (64, True): HopperFwdConfig(block_m=192, block_n=128, num_stages=3, consumer_regs=160, maxnreg=128,
                                 overlap_pv=True, persistent=True, claims=2, frozen_max=True,
-                                min_seqlen_q=2048,
+                                min_seqlen_q=2048, softcap=False,
                                 below=HopperFwdConfig(block_m=128, block_n=128, num_stages=3, pingpong=False,
                                                       persistent=True, claims=2, frozen_max=True,
-                                                      min_seqlen_q=1024)),
-    # two stages leave room for O's TMA tile; Q in registers from 2k rows (below, it lost)
+                                                      min_seqlen_q=1024, softcap=False)),
+    # two stages leave room for O's TMA tile; Q in registers from 2k rows (below, it lost); windows under 512 keys:
+    # the portable kernel tied (docs/configs.md#fwd_hopper-windows)
     (128, False): HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True, persistent=True,
                                   o_kstage=True, early_p=True, q_regs=True, o_tma=True,
-                                  frozen_max=True, min_seqlen_q=2048,
+                                  frozen_max=True, min_seqlen_q=2048, min_window=512,
                                   below=HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True,
                                                         persistent=True, o_kstage=True, early_p=True,
-                                                        o_tma=True, frozen_max=True)),
+                                                        o_tma=True, frozen_max=True, min_window=512)),
     # as non-causal, persistent only up to 4k rows; below 2k the light items keep their order
     (128, True): HopperFwdConfig(block_m=128, block_n=128, num_stages=2, overlap_pv=True, persistent=True,
                                  persistent_max_seqlen=4096, o_kstage=True, early_p=True, q_regs=True,

@@ -54,10 +54,10 @@ def is_causal(window_size: tuple[int, int]) -> bool:
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
             seqlen_q: Optional[int] = None, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
-    """The forward's plan: the sm90 kernel where hopper_forward_config gives a config (no ALiBi; softcap too), else
-    the portable kernel with fwd_config's tiles. ``seqlen_q``: the longest query sequence (q.shape[1] by default)."""
+    """The forward's plan: the sm90 kernel where hopper_forward_config gives a config (no ALiBi), else the portable
+    kernel with fwd_config's tiles. ``seqlen_q``: the longest query sequence (q.shape[1] by default)."""
     if alibi_slopes is None:
-        config = hopper_forward_config(q, k, v, window_size, seqlen_q)
+        config = hopper_forward_config(q, k, v, window_size, seqlen_q, softcap)
         if config is not None:
             return Plan("hopper/fwd.py", config)
     return Plan("portable/fwd.py", fwd_config(head_dim_pad(q.shape[-1]), is_causal(window_size), q.element_size(),
@@ -65,23 +65,31 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tupl
 
 
 def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
-                          seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
+                          seqlen_q: Optional[int] = None, softcap: float = 0.0) -> Optional[configs.HopperFwdConfig]:
     """The sm90 forward's config when it covers the call: an sm90 GPU, not the interpreter, and hopper_forward_pick
     gives a config; else None."""
-    return hopper_forward_pick(q, k, v, window_size, seqlen_q) if runs_gluon(q.device) else None
+    return hopper_forward_pick(q, k, v, window_size, seqlen_q, softcap) if runs_gluon(q.device) else None
+
+
+def window_keys(window_size: tuple[int, int]) -> int:
+    """The most keys a row of a call sees under ``window_size`` (left, right): left + right + 1 where both sides are
+    bounded (a side of -1 is not), else 2**31."""
+    left, right = window_size
+    return left + right + 1 if left >= 0 and right >= 0 else 1 << 31
 
 
 def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
-                        seqlen_q: Optional[int] = None) -> Optional[configs.HopperFwdConfig]:
+                        seqlen_q: Optional[int] = None, softcap: float = 0.0) -> Optional[configs.HopperFwdConfig]:
     """The sm90 forward's config for the call on any device: configs.FWD_BACKEND "auto", the config of the padded head
-    dim's chain for the call's query rows (a head dim of 96 runs in tiles of 128), where the kernel's ``supports``
-    takes the call; else None (``flashtile info`` says what an sm90 GPU would run)."""
+    dim's chain for the call's query rows (a head dim of 96 runs in tiles of 128), where the config takes the call's
+    window (``min_window``) and softcap (``softcap``) and the kernel's ``supports`` takes the call; else None
+    (``flashtile info`` says what an sm90 GPU would run)."""
     if configs.FWD_BACKEND == "portable":
         return None
     rows = q.shape[1] if seqlen_q is None else seqlen_q
     chain = configs.hopper_fwd_chain(configs.FWD_HOPPER.get((head_dim_pad(q.shape[-1]), is_causal(window_size))))
     config = next((c for c in chain if rows >= c.min_seqlen_q), None)
-    if config is None:
+    if config is None or (softcap and not config.softcap) or window_keys(window_size) < config.min_window:
         return None
     return config if hopper("fwd_launch").supports(q, k, v, window_size) else None
 

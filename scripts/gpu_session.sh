@@ -4,7 +4,7 @@
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
-#        [window-bench] [window-fwd-tests] [softcap-bench]
+#        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -144,9 +144,13 @@ for step in "$@"; do
           --rounds 1 --memory-seqlens --peers flashtile "flashtile (portable)" FA4 --out "$out/bench-window-${w// /_}" 2>&1 \
           | grep "^|" | tee -a "$out/window-bench.log"
       done ;;
-    softcap-bench)  # Gemma 2's capped scores (softcap 50) at D=256: the sm90 kernels against the portable ones (the path
-      # before) and FA4 (where PYTHONPATH has it), beside flashtile without a cap
-      timeout 280 python3 -m flashtile.bench --backward --head-dims 256 --seqlens 4096 16384 --rounds 1 --memory-seqlens \
+    softcap-tests)  # softcap on the sm90 kernels: the forward (every head dim, forced where dispatch takes the portable
+      # kernel), the backward's split design (D=192, 256), batch and packed
+      timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper -k softcap \
+        2>&1 | tee "$out/softcap-tests-full.log" | grep -E "passed|failed|FAILED|Error" | tee "$out/softcap-tests.log" ;;
+    softcap-bench)  # Gemma 2's capped scores (softcap 50) at D=128 (27B) and 256: the sm90 kernels against the portable
+      # ones (the path before) and FA4 (where PYTHONPATH has it), beside flashtile without a cap
+      timeout 400 python3 -m flashtile.bench --backward --head-dims 128 256 --seqlens 4096 16384 --rounds 1 --memory-seqlens \
         --peers "flashtile (softcap 50)" "flashtile (portable, softcap 50)" "FA4 (softcap 50)" flashtile \
         --out "$out/bench-softcap" 2>&1 | grep "^|" | tee "$out/softcap-bench.log" ;;
     kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their

@@ -114,14 +114,18 @@ def test_info_says_what_an_sm90_gpu_runs_and_with_which_switches(shape, kernel, 
 
 def test_info_says_a_window_runs_the_sm90_kernels(capsys):
     """--window: on sm90 a sliding window runs the sm90 forward with both sides of the band masked (the non-causal
-    config, FROZEN_MAX in bf16 at D=128) and the sm90 backward's one pass."""
-    assert cli.main(["info", "--window", "256", "0"]) == 0
+    config, FROZEN_MAX in bf16 at D=128) and the sm90 backward's one pass; a window narrower than the config's
+    min_window the portable forward."""
+    assert cli.main(["info", "--window", "1000", "0"]) == 0
     out = capsys.readouterr().out
-    assert "head dim 128, window (256, 0))" in out
+    assert "head dim 128, window (1000, 0))" in out
     line = next(line for line in out.splitlines() if line.startswith("on an sm90 GPU"))
     assert "kernels/hopper/fwd.py" in line and "FwdSwitches(MASK_RIGHT=True, MASK_LEFT=True," in line
     assert "FROZEN_MAX=True" in line
     assert "the backward runs, in kernels/, portable/bwd.py (delta, zeroed dQ) -> hopper/bwd.py" in out
+    assert cli.main(["info", "--window", "256", "0"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("on an sm90 GPU")]
+    assert lines[0].endswith("the forward runs kernels/portable/fwd.py") and "hopper/bwd.py" in lines[1]
 
 
 def test_info_says_a_padded_head_dim_runs_in_wider_tiles(capsys):

@@ -47,11 +47,12 @@ def test_sm90_plans_fall_back_to_the_portable_kernels(sm90):
     assert alibi == dispatch.Plan("portable/fwd.py", configs.FWD_SM90[(128, False)])
     window = dispatch.backward(q, k, v, dout, (128, 0))  # sliding window: the sm90 kernels both ways (non-causal's)
     assert window == dispatch.Plan("hopper/bwd.py", configs.BWD_HOPPER[(128, False)], "one pass")
-    assert dispatch.forward(q, k, v, (128, 0)) == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(128, False)])
+    assert dispatch.forward(q, k, v, (1024, 0)) == dispatch.Plan("hopper/fwd.py", configs.FWD_HOPPER[(128, False)])
+    assert dispatch.forward(q, k, v, (128, 0)).kernel == "portable/fwd.py"  # narrower than min_window
     packed_window = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed with a window: the sm90 kernels too
     assert dispatch.backward(*packed_window, (128, 0), packed=True).design == "one pass"
     assert dispatch.backward(*packed_window, (128, 0), packed=True, deterministic=True).kernel == "portable/bwd.py"
-    assert dispatch.forward(*packed_window[:3], (128, 0), 4096).kernel == "hopper/fwd.py"
+    assert dispatch.forward(*packed_window[:3], (1024, 0), 4096).kernel == "hopper/fwd.py"
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]  # packed sequences: the one pass, not the two kernels
     assert dispatch.backward(*packed, (-1, -1), packed=True).kernel == "hopper/bwd.py"
     assert dispatch.backward(*packed, (-1, -1), packed=True, deterministic=True).kernel == "portable/bwd.py"
@@ -108,7 +109,7 @@ def test_the_sm90_backward_pick_holds_on_any_machine(monkeypatch):
     assert dispatch.hopper_backward_pick(q, k, v, dout, (-1, -1)) is None
 
 
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0)], ids=["full", "causal", "window"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "window"])
 def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, window, monkeypatch):
     """ops executes dispatch's plans: on sm90 (pretended) the forward and the backward reach the launchers of the
     kernels/hopper modules that dispatch.hopper loads, with the plan's config and the window (recorded here, nothing

@@ -538,15 +538,50 @@ def test_softcap_gradients(head_dim, window, dtype, deterministic):
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("hopper_backward")
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0)], ids=["full", "causal", "w256_0"])
+@pytest.mark.parametrize("head_dim", [192, 256], ids=lambda d: f"d{d}")
+def test_softcap_on_packed_sequences(head_dim, window):
+    """Gemma 2's padding-free batches: softcap on packed ragged sequences (one without queries, Nq != Nk, longer
+    than a tile or shorter), GQA 4/2, rows past the last sequence in q, on the split design (D=192, 256); every
+    gradient against float64 within 2x of PyTorch's own error, and those rows' dQ zero."""
+    from helpers import varlen_inputs
+    seqlens_q, seqlens_k = [5, 0, 700, 333, 1024], [9, 12, 700, 1300, 1024]
+    q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16)
+    q_pad = torch.cat([q, randn(19, 4, head_dim, dtype=q.dtype)])
+    dout = randn(*q_pad.shape, dtype=q.dtype)
+    packed = [t.detach() for t in (q_pad, k, v, dout)]
+    assert dispatch.backward(*packed, window, True, softcap=50.0).kernel == "hopper/bwd.py"
+    with poisoned_outputs():
+        out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, 1024, 1300, window_size=window, softcap=50.0), (q_pad, k, v), dout)
+    rows = q.shape[0]
+    assert torch.equal(dq[rows:], torch.zeros_like(dq[rows:]))
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+
+    def per_sequence(upcast):
+        return lambda q, k, v: torch.cat([reference.attention(
+            q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]], window_size=window,
+            softcap=50.0, upcast=upcast)[0][0] for b in range(len(cq) - 1) if cq[b + 1] > cq[b]])
+
+    ref = gradients(per_sequence(True), (q, k, v), dout[:rows].double())
+    base = gradients(per_sequence(False), (q, k, v), dout[:rows])
+    assert_grads_close((out[:rows], dq[:rows], dk, dv), ref, base)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["plain", "deterministic"])
+@pytest.mark.parametrize("window", [(128, 0), (1000, 0)], ids=["w128_0", "w1000_0"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
-def test_sinks_under_a_window(head_dim, deterministic):
-    """gpt-oss's layers: learnable sinks with a 128-key causal window, on the sm90 kernels both ways; O, LSE, every
-    gradient and the sinks' against float64 within 2x of PyTorch's own error."""
+def test_sinks_under_a_window(head_dim, window, deterministic):
+    """gpt-oss's layers: learnable sinks with a 128-key causal window (the forward on the portable kernel at so narrow
+    a window, configs.FWD_HOPPER's min_window; D=128's sm90 forward at 1000 keys), the backward on the sm90 kernels;
+    O, LSE, every gradient and the sinks' against float64 within 2x of PyTorch's own error."""
     q = randn(2, 2048, 8, head_dim, dtype=torch.bfloat16)
-    assert dispatch.forward(q, q, q, (128, 0)).kernel == "hopper/fwd.py"
-    assert dispatch.backward(q, q, q, q, (128, 0), deterministic=deterministic).kernel == "hopper/bwd.py"
-    check_sinks(2, 2048, 2048, 8, 2, head_dim, torch.bfloat16, deterministic=deterministic, window_size=(128, 0))
+    assert dispatch.backward(q, q, q, q, window, deterministic=deterministic).kernel == "hopper/bwd.py"
+    fwd_kernel = "hopper/fwd.py" if (head_dim, window) == (128, (1000, 0)) else "portable/fwd.py"
+    assert dispatch.forward(q, q, q, window).kernel == fwd_kernel
+    check_sinks(2, 2048, 2048, 8, 2, head_dim, torch.bfloat16, deterministic=deterministic, window_size=window)
 
 
 WINDOWS = [(256, 0), (100, 100), (128, -1), (-1, 64), (0, 0)]

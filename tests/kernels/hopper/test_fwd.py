@@ -251,6 +251,43 @@ def test_schedule_model_takes_every_tile_once():
     assert fwd_schedule_model.busiest(2048, 256, 192, False, 2) < fwd_schedule_model.busiest(2048, 256, 192, False, 0)
 
 
+def test_dispatch_leaves_narrow_windows_and_caps_where_the_portable_kernel_is_faster(monkeypatch):
+    """On sm90 (pretended here) a config's ``min_window`` sends windows of fewer keys a row (left + right + 1; a side
+    of -1 is unbounded) to the portable kernel, and ``softcap=False`` capped scores: D=64 both, D=128 windows under
+    512 keys, D=256 neither."""
+    monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(configs, "FWD_BACKEND", "auto")
+    if not GLUON_VERSION_OK:
+        pytest.skip("the Gluon kernels are written for triton 3.6")
+
+    def picked(head_dim, window, softcap=0.0):
+        q = torch.randn(1, 4096, 2, head_dim, dtype=torch.bfloat16)
+        return dispatch.hopper_forward_config(q, q, q, window, softcap=softcap)
+
+    assert dispatch.window_keys((4095, 0)) == dispatch.window_keys((2047, 2048)) == 4096
+    assert dispatch.window_keys((-1, 64)) == dispatch.window_keys((64, -1)) == dispatch.window_keys((-1, 0)) == 1 << 31
+    for head_dim, narrowest in ((64, 4096), (128, 512), (256, 1)):
+        full = configs.FWD_HOPPER[(head_dim, False)]
+        assert full.min_window == (0 if head_dim == 256 else narrowest)
+        assert picked(head_dim, (narrowest - 1, 0)) is full and picked(head_dim, (-1, 64)) is full
+        if narrowest > 1:
+            assert picked(head_dim, (narrowest - 2, 0)) is None and picked(head_dim, (0, narrowest - 2)) is None
+        for window in ((-1, -1), (-1, 0)):
+            assert (picked(head_dim, window, softcap=50.0) is None) == (head_dim == 64), (head_dim, window)
+    q = torch.randn(1, 4096, 2, 64, dtype=torch.bfloat16)
+    assert dispatch.forward(q, q, q, (-1, 0), softcap=50.0).kernel == "portable/fwd.py"
+    assert dispatch.forward(q, q, q, (255, 0)).kernel == "portable/fwd.py"
+
+
+def every_window_and_cap(monkeypatch):
+    """FWD_HOPPER with every entry (and those below it) taking any window and softcap: the kernel's coverage, where
+    dispatch leaves the call to the portable kernel as faster (``min_window``, ``softcap``)."""
+    def opened(c):
+        return None if c is None else dataclasses.replace(c, min_window=0, softcap=True, below=opened(c.below))
+    monkeypatch.setattr(configs, "FWD_HOPPER", {key: opened(c) for key, c in configs.FWD_HOPPER.items()})
+
+
 # GPU tier (`pytest -m gpu`): each test on both forward backends (forward_backend), real sizes, bf16 and fp16, against
 # the float64 reference.
 LOW = [torch.bfloat16, torch.float16]
@@ -407,10 +444,11 @@ WINDOW_SHAPES = [(2, 2048, 2048, 4, 1), (2, 1100, 2900, 8, 2), (1, 2900, 1100, 8
 @pytest.mark.parametrize("window_size", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
 @pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
-def test_window(head_dim, shape, window_size, dtype, forward_backend):
+def test_window(head_dim, shape, window_size, dtype, forward_backend, monkeypatch):
     """A sliding window (left, right): a causal window, a symmetric one, one side only, a single key; MQA, GQA and
     MHA, Nq < Nk and Nq > Nk (bottom-right: rows with no key at all give O = 0, LSE = -inf), ragged tiles; on sm90
-    ("auto") the Hopper kernel runs it, items starting at their first row's first K/V tile."""
+    ("auto") the Hopper kernel runs it (every_window_and_cap), items starting at their first row's first K/V tile."""
+    every_window_and_cap(monkeypatch)
     batch, seqlen_q, seqlen_k, nheads, nheads_k = shape
     q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype)
     k = randn(batch, seqlen_k, nheads_k, head_dim, dtype=dtype)
@@ -429,7 +467,7 @@ def test_window_on_short_and_ragged_lengths(head_dim, window_size, forward_backe
     one row, 17, 113 x 203 and back, 1023, where a window's first K/V tile is not the sequence's; bitwise repeatable."""
     if torch.cuda.get_device_capability() != (9, 0) or forward_backend == "portable":
         pytest.skip("the Hopper kernel's tile config")
-    cfg = dataclasses.replace(configs.FWD_HOPPER[(head_dim, False)], min_seqlen_q=0, below=None)
+    cfg = dataclasses.replace(configs.FWD_HOPPER[(head_dim, False)], min_seqlen_q=0, min_window=0, below=None)
     monkeypatch.setattr(configs, "FWD_HOPPER", {(head_dim, False): cfg})
     for seqlen_q, seqlen_k in ((1, 1), (1, 300), (17, 17), (113, 203), (203, 113), (1023, 1023)):
         check(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, False, window_size)
@@ -442,9 +480,10 @@ def test_window_on_short_and_ragged_lengths(head_dim, window_size, forward_backe
 @pytest.mark.usefixtures("forward_backend")
 @pytest.mark.parametrize("window_size", [(256, 0), (100, 100), (-1, 64)], ids=lambda w: f"w{w[0]}_{w[1]}")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
-def test_window_varlen(head_dim, window_size, forward_backend):
+def test_window_varlen(head_dim, window_size, forward_backend, monkeypatch):
     """Packed sequences under a window, each with its own diagonal: empty ones, one row, Nq < Nk and Nq > Nk; on sm90
-    ("auto") the Hopper kernel runs them."""
+    ("auto") the Hopper kernel runs them (every_window_and_cap)."""
+    every_window_and_cap(monkeypatch)
     config = check_varlen([300, 0, 2048, 1, 1500, 77], [129, 40, 2048, 300, 3000, 0], head_dim, False, window_size)
     if torch.cuda.get_device_capability() == (9, 0):
         assert (config is not None) == (forward_backend == "auto")
@@ -455,10 +494,12 @@ def test_window_varlen(head_dim, window_size, forward_backend):
 @pytest.mark.parametrize("dtype", LOW, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "w1000_0"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"d{d}")
-def test_softcap(head_dim, window_size, dtype, forward_backend):
+def test_softcap(head_dim, window_size, dtype, forward_backend, monkeypatch):
     """flash-attn's softcap (Gemma 2's 50 on its attention scores: cap · tanh(score / cap)) on the sm90 forward
-    ("auto"): O and LSE against the float64 reference, scores past the cap (q scaled up), GQA, Nq != Nk,
-    on NaN-filled outputs; a call without the cap differs (the test sees the cap)."""
+    ("auto", every_window_and_cap: D=64 takes the portable kernel by default): O and LSE against the float64
+    reference, scores past the cap (q scaled up), GQA, Nq != Nk, on NaN-filled outputs; a call without the cap
+    differs (the test sees the cap)."""
+    every_window_and_cap(monkeypatch)
     q = randn(2, 2100, 8, head_dim, dtype=dtype, scale=16.0)
     k, v = (randn(2, 1700, 2, head_dim, dtype=dtype) for _ in range(2))
     if torch.cuda.get_device_capability() == (9, 0) and forward_backend == "auto":
