@@ -4,7 +4,7 @@
 #        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
-#        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench]
+#        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
 # tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
 # parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -144,6 +144,9 @@ for step in "$@"; do
           --rounds 1 --memory-seqlens --peers flashtile "flashtile (portable)" FA4 --out "$out/bench-window-${w// /_}" 2>&1 \
           | grep "^|" | tee -a "$out/window-bench.log"
       done ;;
+    window-fwd-ab)  # the forward under narrow windows (configs.FWD_HOPPER's min_window): the portable kernel against the
+      # sm90 entries and candidates (D=64 in 128 rows with FROZEN_MAX, D=128 in 64-key tiles)
+      timeout 300 python3 scripts/window_fwd_ab.py 2>&1 | grep "^|" | tee "$out/window-fwd-ab.md" ;;
     softcap-tests)  # softcap on the sm90 kernels: the forward (every head dim, forced where dispatch takes the portable
       # kernel), the backward's split design (D=192, 256), batch and packed
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper -k softcap \
