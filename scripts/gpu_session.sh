@@ -149,7 +149,7 @@ for step in "$@"; do
       timeout 300 python3 scripts/window_fwd_ab.py 2>&1 | grep "^|" | tee "$out/window-fwd-ab.md" ;;
     softcap-tests)  # softcap on the sm90 kernels: the forward (every head dim, forced where dispatch takes the portable
       # kernel), the backward's split design (D=192, 256), batch and packed
-      timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper -k softcap \
+      timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels tests/test_api.py -k softcap \
         2>&1 | tee "$out/softcap-tests-full.log" | grep -E "passed|failed|FAILED|Error" | tee "$out/softcap-tests.log" ;;
     softcap-bench)  # Gemma 2's capped scores (softcap 50) at D=128 (27B) and 256: the sm90 kernels against the portable
       # ones (the path before) and FA4 (where PYTHONPATH has it), beside flashtile without a cap

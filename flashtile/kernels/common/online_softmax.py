@@ -1,11 +1,15 @@
 """The online-softmax step shared by every kernel: one tile of scores folded into a running
 max ``m_i`` and denominator ``l_i``, in the exp2 domain (log2(e) is folded into ``qk_scale``)."""
+import os
+
+import torch
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # natural-log units to log2 units; every kernel takes it from here
 LN2 = tl.constexpr(0.6931471805599453)  # and back
 TWO_LOG2E = tl.constexpr(2 * LOG2E.value)
+_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, as triton did when the kernels loaded
 
 
 @triton.jit
@@ -41,10 +45,24 @@ def fold_sink(m_i, l_i, sink):
     return alpha, m_new, l_i * alpha + tl.math.exp2(sink - m_ref)
 
 
+def softcap_mode(device, softcap):
+    """A launch's SOFTCAP constexpr: 0 without a cap; 2 where the GPU has the tanh instruction (CUDA, sm75 on), so that
+    the sm90 kernels and the portable ones compute the same scores; else 1 (the interpreter, older GPUs)."""
+    if not softcap:
+        return 0
+    fast = not _INTERPRETER and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 5)
+    return 2 if fast else 1
+
+
 @triton.jit
-def tanh(x):
-    """tanh from one exp2: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * TWO_LOG2E) + 1.0)
+def tanh(x, FAST: tl.constexpr = False):
+    """tanh of float32 ``x``: with FAST one multi-function-unit instruction (tanh.approx.f32, within 2^-11 relative),
+    else from one exp2 and a reciprocal: 1 − 2 / (e^(2x) + 1), exact ±1 in the tails."""
+    if FAST:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return 1.0 - 2.0 / (tl.math.exp2(x * TWO_LOG2E) + 1.0)
 
 
 @triton.jit
@@ -60,11 +78,11 @@ def capped_grad(p, lse, inv_qk_scale):
 def modified_scores(qk, softcap_scale, slope, dist, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """flash-attn's softcap and ALiBi on raw scores q·k, in the units qk_scale then turns into log2 logits:
     tanh(q·k · softcap_scale) with SOFTCAP (qk_scale carries the cap), then minus slope · dist with HAS_ALIBI
-    (dist = |i + seqlen_k − seqlen_q − j|, slope already in those units). Also returns d(score)/d(q·k) up to
-    the constant scale: 1 − tanh² with SOFTCAP, else 1."""
+    (dist = |i + seqlen_k − seqlen_q − j|, slope already in those units; SOFTCAP as softcap_mode gives it). Also
+    returns d(score)/d(q·k) up to the constant scale: 1 − tanh² with SOFTCAP, else 1."""
     dscore = 1.0
     if SOFTCAP:
-        qk = tanh(qk * softcap_scale)
+        qk = tanh(qk * softcap_scale, SOFTCAP == 2)
         dscore = 1.0 - qk * qk
     if HAS_ALIBI:
         qk -= slope * dist

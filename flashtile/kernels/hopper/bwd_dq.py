@@ -298,7 +298,7 @@ def _consumer(half: gl.constexpr, sw, smem, vw, ops, nheads, group, diag, diag_l
         dp = warpgroup_mma(do_half, smem.v.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))  # [HALF_M, BLOCK_N]
         if sw.SOFTCAP_SCALE > 0:
-            s = tanh(s * sw.SOFTCAP_SCALE)
+            s = tanh(s * sw.SOFTCAP_SCALE, True)
         p = gl.exp2(s * qk_scale - lse[:, None])
         masked = j >= n_full  # keys past the sequence, or past a row's band
         if sw.MASK_LEFT:

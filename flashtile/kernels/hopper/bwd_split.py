@@ -180,7 +180,7 @@ def _dv_partition(pb: Problem, smem: Smem, dV, stride_b, stride_n, stride_h, cu_
         lse = pb.row_stats(pb.LSE, b, h_k * pb.group + t // n_m, offs_m, float("inf"), seqlen_q, q_row0) * LOG2E
         s_t = warpgroup_mma_wait(0, deps=(s_t, ))  # [BLOCK_N, BLOCK_M]
         if pb.SOFTCAP_SCALE > 0:
-            s_t = tanh(s_t * pb.SOFTCAP_SCALE)
+            s_t = tanh(s_t * pb.SOFTCAP_SCALE, True)
         p_t = gl.exp2(s_t * pb.qk_scale - lse[None, :])
         if pb.MASK_RIGHT or pb.MASK_LEFT:
             cut = last_key >= seqlen_k  # the end, the diagonal, the window's start

@@ -52,7 +52,7 @@ def exact_rows(Q, K, V, O, LSE, q_width, k_width, v_width, q_row, q_col, k_row, 
                     mask=tile_mask(keys < sk, cols, HEAD_DIM), other=0.0)  # [BLOCK_N, HEAD_DIM_PAD]
         s = mma_v2(q, gl.convert_layout(gl.permute(k, (1, 0)), b_op), gl.zeros([64, BLOCK_N], gl.float32, layout=mma))
         if sw.SOFTCAP_SCALE > 0:
-            s = tanh(s * sw.SOFTCAP_SCALE)
+            s = tanh(s * sw.SOFTCAP_SCALE, True)
         offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
         ok = offs_n[None, :] < sk
         if sw.MASK_RIGHT:

@@ -166,7 +166,7 @@ def _scores(s, j, full_lo, n_full, offs_m, seqlen_k, diag, diag_left, sw, s_layo
     """Tile j's scores (softcapped: tanh(q·k · SOFTCAP_SCALE)), with keys past the sequence, past the diagonal
     (MASK_RIGHT) and before a window's start (MASK_LEFT) at -inf: only in tiles outside [full_lo, n_full)."""
     if sw.SOFTCAP_SCALE > 0:
-        s = tanh(s * sw.SOFTCAP_SCALE)
+        s = tanh(s * sw.SOFTCAP_SCALE, True)
     masked = j >= n_full
     if sw.MASK_LEFT:
         masked = masked | (j < full_lo)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.online_softmax import LOG2E, alibi_slope, modified_scores, score_scales
+from ..common.online_softmax import LOG2E, alibi_slope, modified_scores, score_scales, softcap_mode
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import (
     band_mask,
@@ -443,7 +443,7 @@ def _first_bwd_launch(tensors, max_seqlen_q, max_seqlen_k, softmax_scale, window
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2,
                   BLOCK_N2=c.block_n2, IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0,
                   MASK_RIGHT=right >= 0, DQ_ATOMIC=dq_atomic, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
-                  SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                  SOFTCAP=softcap_mode(q.device, softcap), HAS_ALIBI=alibi_slopes is not None,
                   num_warps=c.num_warps, num_stages=c.num_stages)
     slots = ["Q1", "K1", "V1", "dO1", "dK", "dV", "Q2", "K2", "V2", "dO2", "dQ", "LSE", "Delta", "dQacc",
              "cu_seqlens_q", "cu_seqlens_k", "Alibi"]

@@ -19,7 +19,15 @@ starts at a tile edge, the keys before masked); else its rows are gathered by po
 import triton
 import triton.language as tl
 
-from ..common.online_softmax import LN2, LOG2E, alibi_slope, modified_scores, online_softmax_step, score_scales
+from ..common.online_softmax import (
+    LN2,
+    LOG2E,
+    alibi_slope,
+    modified_scores,
+    online_softmax_step,
+    score_scales,
+    softcap_mode,
+)
 from ..common.replay import Replay, Replays, aligned, detach_descriptor
 from ..common.tiles import band_mask, cdiv, host_descriptors, next_pow2, tma_addressable
 
@@ -412,7 +420,8 @@ def _first_launch(q, k_cache, v_cache, part, out, lse, arrivals, cache_seqlens, 
     kwargs = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=block_m, BLOCK_N=config.block_n,
                   PAGED=paged, USE_TMA=use_tma, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SPLIT=split,
                   BLOCK_S=block_s, MERGE_ROWS=merge_rows_per_step(block_s, pad), HAS_BATCH_IDX=batch_idx is not None,
-                  HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                  HAS_LEFTPAD=leftpad is not None, SOFTCAP=softcap_mode(q.device, softcap),
+                  HAS_ALIBI=alibi_slopes is not None,
                   WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32",
                   KEY_GROUPS=config.key_groups, HEADS=config.heads,
                   num_warps=config.num_warps, num_stages=config.num_stages)

@@ -20,6 +20,7 @@ from ..common.online_softmax import (
     modified_scores,
     online_softmax_step,
     score_scales,
+    softcap_mode,
 )
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import (
@@ -167,7 +168,8 @@ def _first_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, s
             max(right, 0))
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                   IS_VARLEN=is_varlen, BOTTOM_RIGHT=bottom_right, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
-                  SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINK=sinks is not None,
+                  SOFTCAP=softcap_mode(q.device, softcap), HAS_ALIBI=alibi_slopes is not None,
+                  HAS_SINK=sinks is not None,
                   DOT_PRECISION="ieee" if q.dtype.itemsize == 4 else "tf32", num_warps=config.num_warps,
                   num_stages=config.num_stages)
     return Replay(flash_fwd_kernel, grid, args, kwargs, ["Q", "K", "V", "O", "LSE", "cu_seqlens_q", "cu_seqlens_k",
