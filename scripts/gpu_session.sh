@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the tile sweep and the benchmark, logs under $OUT (or ./results).
 # Usage: bash scripts/gpu_session.sh [tests] [fwd-tests] [check-hopper] [tune] [tune-hopper] [tune-bwd] [lessons] [bench]
-#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-fwd] [redesign-bench] [redesign-decode]
+#        [bench-quick] [ncu-fwd] [ncu-decode] [clock-probe] [tier-bwd] [tier-rest] [tier-fwd] [redesign-bench] [redesign-decode]
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
-# tier-bwd, tier-fwd: the whole GPU tier in two calls (on a cold Triton cache it does not fit one): each file in
-# parallel workers, the forward's largest tests in three.
+# tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
+# each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
 # `mkdir -p .before && git archive e8d4ab3 flashtile | tar -x -C .before` here first and carry .before).
 set -u
@@ -23,7 +23,9 @@ for step in "$@"; do
                    -k "not portable and ($part)" 2>&1 | grep -v "warner\|BenchmarkWarning" | tail -80 \
                    | tee -a "$out/fwd-tests.log"
                done ;;
-    tier-bwd) for f in hopper/test_bwd portable/test_bwd portable/test_decode; do
+    tier-bwd) timeout 450 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf \
+                tests/kernels/hopper/test_bwd.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log" ;;
+    tier-rest) for f in portable/test_bwd portable/test_decode; do
                 timeout 150 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/$f.py \
                   2>&1 | grep -E "passed|failed|FAILED|Error" | tee -a "$out/tier.log"
               done
