@@ -163,7 +163,7 @@ def sm90_forward(batch, seqlen, nheads, nheads_k, head_dim, causal, softcap=0.0)
     config = dispatch.hopper_forward_pick(q, k, k, window, softcap=softcap)
     if config is None:
         return None
-    return config, dispatch.hopper("fwd_launch").switches(q, k, k, dispatch.is_causal(window), config, window, softcap)
+    return config, dispatch.hopper("fwd_launch").switches(q, k, k, window, config, softcap)
 
 
 def sm90_backward(batch, seqlen, nheads, nheads_k, head_dim, causal, deterministic=False, softcap=0.0):

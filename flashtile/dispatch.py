@@ -11,7 +11,7 @@ import torch
 
 from . import configs
 from .checks import interpreter_enabled
-from .kernels.common.tiles import head_dim_pad, num_sms
+from .kernels.common.tiles import head_dim_pad, is_causal, num_sms, window_keys
 from .kernels.portable.decode import reads_by_tma
 
 
@@ -48,10 +48,6 @@ def runs_gluon(device: torch.device) -> bool:
     return arch(device) == (9, 0) and not interpreter_enabled()
 
 
-def is_causal(window_size: tuple[int, int]) -> bool:
-    return window_size[1] == 0 and window_size[0] < 0
-
-
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],
             seqlen_q: Optional[int] = None, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
     """The forward's plan: the sm90 kernel where hopper_forward_config gives a config (no ALiBi), else the portable
@@ -69,13 +65,6 @@ def hopper_forward_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win
     """The sm90 forward's config when it covers the call: an sm90 GPU, not the interpreter, and hopper_forward_pick
     gives a config; else None."""
     return hopper_forward_pick(q, k, v, window_size, seqlen_q, softcap) if runs_gluon(q.device) else None
-
-
-def window_keys(window_size: tuple[int, int]) -> int:
-    """The most keys a row of a call sees under ``window_size`` (left, right): left + right + 1 where both sides are
-    bounded (a side of -1 is not), else 2**31."""
-    left, right = window_size
-    return left + right + 1 if left >= 0 and right >= 0 else 1 << 31
 
 
 def hopper_forward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int],

@@ -98,8 +98,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, win
     if plan.kernel == "hopper/fwd.py":
         fwd_launch = dispatch.hopper("fwd_launch")
         fwd_launch.launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                     dispatch.is_causal(window_size), bottom_right, plan.config, sinks, found,
-                                     window_size, softcap)
+                                     window_size, bottom_right, plan.config, sinks, found, softcap)
         again = fwd_launch.launch_again
     else:
         _portable_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
@@ -215,9 +214,9 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         packed = None if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         launch = dispatch.hopper("bwd").launch_bwd_hopper
         found = [] if plain and plan.design == "one pass" else None
-        delta, sink_parts = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size),
-                                   bottom_right, deterministic, plan.config, dlse=dlse, sinks=sinks, packed=packed,
-                                   found=found, window_size=window_size, softcap=softcap)
+        delta, sink_parts = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right,
+                                   deterministic, plan.config, dlse=dlse, sinks=sinks, packed=packed, found=found,
+                                   softcap=softcap)
         if found and all(r is not None for r in found):
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
             _ONE_PASS.put(key, (launch, plan.config, found), (configs.BWD_HOPPER, ))
@@ -254,8 +253,8 @@ def _one_pass_again(found: tuple, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
     """attention_backward for a plain call whose launch key an earlier call ran on the sm90 one pass (_ONE_PASS)."""
     launch, config, replays = found
     dq, dk, dv = (torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))
-    delta, _ = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, dispatch.is_causal(window_size), bottom_right,
-                      False, config, replays=replays)
+    delta, _ = launch(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right, False, config,
+                      replays=replays)
     return (dq, dk, dv) + ((delta, ) if return_delta else ())
 
 

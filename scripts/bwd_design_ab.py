@@ -36,6 +36,7 @@ def main():
     for d in args.head_dims:
         for mask in args.masks:
             causal = mask == "causal"
+            window = (-1, 0 if causal else -1)  # flash-attn's (left, right) of the mask
             shipped = configs.BWD_HOPPER[(d, causal)]
             versions = {"shipped": shipped, "variant": dataclasses.replace(shipped, **fields)}
             portable_config = dispatch.bwd_config(d, causal, 2, (9, 0), False)
@@ -52,7 +53,7 @@ def main():
                                                              config=portable_config)
                         return
                     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                    launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, True,
+                    launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, window, True,
                                       config=versions[name])
                     grads[name] = (dq, dk, dv)
                 ms = median_ms({name: functools.partial(run, name) for name in versions}, args.rounds)

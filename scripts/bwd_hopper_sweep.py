@@ -59,6 +59,7 @@ def main(argv=None):
         print("| D | causal | N | " + " | ".join(names) + " | err |")
         print("|---" * (len(names) + 4) + "|")
         for causal in (False, True):
+            window = (-1, 0 if causal else -1)  # flash-attn's (left, right) of the mask
             for n in args.seqlens or (1024, 4096, 16384):
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -77,7 +78,7 @@ def main(argv=None):
                 def runner(name):
                     if name == "portable":
                         return portable
-                    return lambda: launch_bwd_hopper(do, q, k, v, out, lse, *grads[name], scale, causal, True,
+                    return lambda: launch_bwd_hopper(do, q, k, v, out, lse, *grads[name], scale, window, True,
                                                      config=CANDIDATES[d][name])
                 best = {name: math.inf for name in names}
                 for turn in range(args.rounds):

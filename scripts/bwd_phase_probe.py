@@ -119,7 +119,8 @@ def clock_mhz():
 def launch(module, q, k, v, dout, out, lse, causal):
     """(dq, dk, dv) by ``module``'s launch_bwd_hopper (the shipped bwd or the probe)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    module.launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, q.shape[-1] ** -0.5, causal, True)
+    module.launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, q.shape[-1] ** -0.5, (-1, 0 if causal else -1),
+                             True)
     return dq, dk, dv
 
 

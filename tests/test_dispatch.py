@@ -119,12 +119,12 @@ def test_ops_hands_the_plan_to_the_hopper_launchers(sm90, window, monkeypatch):
     fwd_launch, bwd = dispatch.hopper("fwd_launch"), dispatch.hopper("bwd")
 
     def forward(*args):
-        assert args[9] == dispatch.is_causal(window) and args[14:] == (window, 0.0)
+        assert args[9] == window and args[14:] == (0.0, )
         calls.append(("forward", args[11]))
     monkeypatch.setattr(fwd_launch, "launch_fwd_hopper", forward)
 
     def backward(*args, **kwargs):
-        assert kwargs["window_size"] == window
+        assert args[10] == window
         calls.append(("backward", args[-1]))
         return torch.zeros_like(args[5]), None
     monkeypatch.setattr(bwd, "launch_bwd_hopper", backward)

@@ -141,6 +141,11 @@ def compile_decode(head_dim, pad, cfg, paged, tma, rows):
     return dict(row, head_dim=head_dim, paged=paged, tma=tma, rows=rows)
 
 
+def window_size(causal, window):
+    """The launchers' (left, right) of a job: ``window`` where given, else causal's (-1, 0) or full (-1, -1)."""
+    return window if window is not None else (-1, 0 if causal else -1)
+
+
 def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=False, softcap=0.0):
     """The Gluon kernel, compiled from the launcher's own arguments on CPU tensors; ptxas (verbose) says
     whether it spilled or had to serialize the asynchronous wgmma. (A length of 1 arrives as a constant.)
@@ -158,8 +163,8 @@ def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=F
         q, k, v, lse = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), lse.transpose(0, 1).flatten(1)
         cu_seqlens = torch.tensor([0, seqlen, 2 * seqlen], dtype=torch.int32)
         sequences = (cu_seqlens, cu_seqlens, seqlen)
-    grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *sequences, 0.1, causal, True, cfg,
-                                                window_size=window, softcap=softcap)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *sequences, 0.1,
+                                                window_size(causal, window), True, cfg, softcap=softcap)
     return dict(_compile_gluon(fwd_hopper.flash_fwd_hopper_kernel, args, kwargs), head_dim=head_dim,
                 config=[v for f, v in cfg.__dict__.items() if f != "below"], causal=causal, q_regs=cfg.q_regs,
                 window=window, varlen=packed, softcap=softcap)
@@ -185,7 +190,7 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, wi
     q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, sequences)) if single_pass else None
     grid, args, kwargs = bwd_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse, 0.1,
-                                                causal, True, config, dq_acc, packed=sequences, window_size=window)
+                                                window_size(causal, window), True, config, dq_acc, packed=sequences)
     row = _compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs)
     return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass, varlen=packed,
                 window=window)
@@ -202,7 +207,8 @@ def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None, softcap=
     config = configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)]
     q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
     grid, args, kwargs = bwd_split_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse,
-                                                      0.1, causal, True, config, window, softcap, sequences)
+                                                      0.1, window_size(causal, window), True, config, softcap,
+                                                      sequences)
     row = _compile_gluon(bwd_split_hopper.flash_bwd_dkdv_split_kernel, args, kwargs)
     return dict(row, head_dim=head_dim, config=[], causal=causal, nheads_k=nheads_k, window=window, softcap=softcap,
                 varlen=packed)
@@ -224,8 +230,8 @@ def compile_hopper_dq(causal, config=None, head_dim=128, delta_in=False, window=
     config = config or configs.BWD_HOPPER[(head_dim_pad(head_dim), causal)].dq_hopper
     q, k, lse = _backward_inputs(head_dim, 2)
     q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
-    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, causal, True, config, delta_in,
-                                                   window, softcap, sequences)
+    grid, args, kwargs = bwd_dq_hopper.launch_args(q, k, k, q, q, q, lse, lse, 0.1, window_size(causal, window), True,
+                                                   config, delta_in, softcap, sequences)
     return dict(_compile_gluon(bwd_dq_hopper.flash_bwd_dq_hopper_kernel, args, kwargs), head_dim=head_dim,
                 config=list(config.__dict__.values()), causal=causal, window=window, softcap=softcap, varlen=packed)
 

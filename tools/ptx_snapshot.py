@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import compile_sm90  # noqa: E402
 
 from flashtile import configs  # noqa: E402
+from flashtile.kernels.common.tiles import head_dim_pad  # noqa: E402
 from flashtile.kernels.hopper import fwd as fwd_hopper  # noqa: E402
 from flashtile.kernels.hopper import fwd_launch  # noqa: E402
 
@@ -75,6 +76,34 @@ def backward_and_decode():
     return out
 
 
+def features():
+    """{name: PTX} of sliding windows, softcap and packed sequences on the sm90 kernels (compile_sm90's functions)."""
+    fwd = configs.FWD_HOPPER
+    jobs = [(f"fwd D={d} window={w}", compile_sm90.compile_hopper_fwd,
+             (d, False, fwd[(head_dim_pad(d), False)], 1024, w)) for d in (64, 96, 128, 256)
+            for w in ((256, 0), (128, 128), (-1, 64))]
+    jobs += [("fwd D=128 packed window", compile_sm90.compile_hopper_fwd, (128, False, fwd[(128, False)], 1024,
+                                                                              (256, 0), True))]
+    jobs += [(f"fwd D={d} causal={c} softcap", compile_sm90.compile_hopper_fwd,
+              (d, c, fwd[(d, c)], 1024, None, False, 30.0)) for d in (128, 256) for c in (False, True)]
+    jobs += [(f"dkdv D={d} one_pass={one} window", compile_sm90.compile_hopper_bwd, (False, one, d, False, (256, 0)))
+             for d in (64, 128) for one in (False, True)]
+    jobs += [("dkdv D=128 packed window", compile_sm90.compile_hopper_bwd, (False, True, 128, True, (256, 0)))]
+    jobs += [(f"split D=256 causal={c} window={w} softcap={cap} packed={p}", compile_sm90.compile_hopper_split,
+              (c, 2, 256, w, cap, p)) for c, w, cap, p in ((False, (256, 0), 0.0, False), (True, None, 30.0, False),
+                                                         (False, None, 30.0, True), (False, (-1, 64), 30.0, True))]
+    jobs += [(f"dq D={d} window={w} softcap={cap} packed={p}", compile_sm90.compile_hopper_dq,
+              (False, None, d, False, w, cap, p)) for d, w, cap, p in ((128, (256, 0), 0.0, False),
+                                                                      (128, (256, 0), 0.0, True),
+                                                                      (256, None, 30.0, False), (256, (128, 128), 30.0,
+                                                                                                True))]
+    out = {}
+    for name, function, args in jobs:
+        out[name] = _ptx(function, *args)
+        print(name, len(out[name]), flush=True)
+    return out
+
+
 def portable():
     """{name: PTX} of the portable kernels: every shipped sm90 forward and backward tile config (compile_sm90's
     shipped jobs) and every split-KV decode launch the sm90 dispatch can pick."""
@@ -91,6 +120,7 @@ def portable():
 
 def snapshot(with_portable=False):
     out = backward_and_decode()
+    out.update(features())
     if with_portable:
         out.update(portable())
     for (head_dim, causal), top in configs.FWD_HOPPER.items():
@@ -109,7 +139,7 @@ def snapshot(with_portable=False):
                             q, k, v = (torch.empty(2, n, 4, head_dim, dtype=dtype) for _ in range(3))
                             lse, packed = torch.empty(2, 4, n), (None, None, None)
                         _, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *packed, 0.1,
-                                                                 causal, True, cfg)
+                                                                 (-1, 0 if causal else -1), True, cfg)
                         key = f"D={head_dim} causal={causal} config {i} N={n} {dtype} varlen={varlen}"
                         out[key] = _ptx(compile_sm90._compile_gluon, fwd_hopper.flash_fwd_hopper_kernel, args,
                                         kwargs)

@@ -148,3 +148,19 @@ def next_pow2(n):
 
 def head_dim_pad(head_dim):
     return max(32, next_pow2(head_dim))
+
+
+def is_causal(window_size):
+    """Whether flash-attn's (left, right) window (-1: unbounded) is causal attention: no left bound, right at 0."""
+    return window_size[0] < 0 and window_size[1] == 0
+
+
+def windowed(window_size):
+    """Whether (left, right) is a sliding window: a bound that neither full nor causal attention has."""
+    return not (window_size[0] < 0 and window_size[1] in (-1, 0))
+
+
+def window_keys(window_size):
+    """The most keys a row sees under (left, right): left + right + 1 where both sides are bounded, else 2**31."""
+    left, right = window_size
+    return left + right + 1 if left >= 0 and right >= 0 else 1 << 31

@@ -42,7 +42,7 @@ from triton.language.core import _aggregate as aggregate
 from ... import configs
 from ..common.online_softmax import LN2, LOG2E
 from ..common.replay import Replay, Replays, launch_key
-from ..common.tiles import cdiv, head_dim_pad, next_pow2
+from ..common.tiles import cdiv, head_dim_pad, is_causal, next_pow2
 from ..portable import bwd as portable_bwd
 from . import bwd_dq, bwd_split
 from .bwd_dq import BwdSwitches, Switches, backward_descriptors, launch_rows, sequence, token_strides
@@ -396,20 +396,24 @@ def supports(q, k, v, dout, window_size):
     return same_rows(view_layout(dout, varlen), layout_q) and same_rows(view_layout(v, varlen), layout_k)
 
 
-def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right=True, config=None,
-                dq_acc=None, packed=None, window_size=None):
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right=True, config=None,
+                dq_acc=None, packed=None, softcap=0.0):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
-    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim and causal flag);
+    ``window_size`` as bwd_dq.band's (packed: each sequence's band, _sequence); ``softcap`` refused (0 only: the one
+    pass with tanh kept spills, bwd_split.launch_args takes it);
+    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim, causal or not);
     ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
-    or None. ``window_size``: as bwd_dq.band's (packed: each sequence's band, _sequence)."""
-    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
+    or None."""
+    if softcap:
+        raise ValueError("softcap takes the split design on sm90 (configs.HopperBwdConfig.split_gradients)")
+    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
     descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(
         q, k, v, dout, block_m, block_n // 2, packed is not None)
     (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
-        launch_rows(q, k, lse, causal, window_size, bottom_right, packed))
+        launch_rows(q, k, lse, window_size, bottom_right, packed))
     grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
@@ -449,8 +453,8 @@ def dq_acc_shape(q, config, packed=None):
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
-def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, bottom_right, deterministic=False,
-                      config=None, dlse=None, sinks=None, packed=None, replays=None, found=None, window_size=None,
+def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_size, bottom_right,
+                      deterministic=False, config=None, dlse=None, sinks=None, packed=None, replays=None, found=None,
                       softcap=0.0):
     """Every gradient. ``config.single_pass`` (and not ``deterministic``): delta first, then dK, dV here with dS·K
     added into a float32 dQ by the copy engine, then dQ cast; else two launches without atomics: first dQ, and delta of
@@ -462,11 +466,11 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     offsets the kernels may read (ops.launch_safe_offsets), the one pass or the split design (D=192, 256); rows past
     the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
-    same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size`` ((left, right)):
-    a sliding window instead of ``causal``'s mask (bwd_dq.band). ``softcap``: flash-attn's (0: none), the split
+    same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size``: flash-attn's
+    (left, right), -1 for unbounded ((-1, 0): causal; bwd_dq.band). ``softcap``: flash-attn's (0: none), the split
     design only (configs.HopperBwdConfig.split_gradients: the one pass with tanh kept spills).
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
-    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), causal)]
+    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
     if softcap and not config.split_gradients:
         raise ValueError("softcap takes the split design on sm90 (configs.HopperBwdConfig.split_gradients)")
     design = config.design(deterministic)
@@ -476,8 +480,8 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
         delta, dq_acc, sink_parts = portable_bwd.launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q,
                                                                    zeroed=dq_acc_shape(q, config, packed), dlse=dlse,
                                                                    sinks=sinks, replay=pre, found=found)
-        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc, packed,
-                     dkdv, found, window_size, softcap)
+        _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right, config, dq_acc,
+                     packed, dkdv, found, softcap)
         portable_bwd.launch_dq_cast(dq_acc, dq, softmax_scale, cu_seqlens_q, cast, found)
         return delta, sink_parts
     if packed is not None and not config.split_gradients:
@@ -487,15 +491,15 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal
     delta, _, sink_parts = (portable_bwd.launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse,
                                                            sinks=sinks)
                             if delta_in else (torch.empty_like(lse), None, None))
-    bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config.dq_hopper,
-                            delta_in, window_size, softcap, packed)
-    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, packed=packed,
-                 window_size=window_size, softcap=softcap)
+    bwd_dq.launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, window_size, bottom_right,
+                            config.dq_hopper, delta_in, softcap, packed)
+    _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right, config, packed=packed,
+                 softcap=softcap)
     return delta, sink_parts
 
 
-def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, dq_acc=None,
-                 packed=None, replay=None, found=None, window_size=None, softcap=0.0):
+def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right, config, dq_acc=None,
+                 packed=None, replay=None, found=None, softcap=0.0):
     """The dK/dV launch of ``config`` (kernels/hopper/bwd_split.py with ``split_gradients``), replayed after a key's
     first call (kernels/common/replay.py); ``packed``, ``window_size``, ``softcap`` as launch_bwd_hopper's; ``replay``,
     ``found`` as portable_bwd.launch_preprocess's."""
@@ -513,13 +517,11 @@ def _launch_dkdv(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, botto
     if replay is not None:
         replay.launch(q.device, tensors)
         return
-    key = launch_key((q, k, v, dout, dk, dv, lse, delta, dq_acc) + cu_seqlens, softmax_scale, causal, bottom_right,
-                     config, None if packed is None else packed[2:], window_size, softcap)
+    key = launch_key((q, k, v, dout, dk, dv, lse, delta, dq_acc) + cu_seqlens, softmax_scale, window_size,
+                     bottom_right, config, None if packed is None else packed[2:], softcap)
 
     def first():
-        grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config,
-                                  *(() if dq_acc is None else (dq_acc, )), window_size=window_size,
-                                  **(dict(softcap=softcap) if config.split_gradients else {}),
-                                  **({} if packed is None else dict(packed=packed)))
+        grid, args, kwargs = make(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right, config,
+                                  *(() if dq_acc is None else (dq_acc, )), softcap=softcap, packed=packed)
         return Replay(kernel, grid, args, kwargs, slots)
     _REPLAYS.launch(key, q.device, tensors, first, found)

@@ -21,7 +21,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..common.online_softmax import LOG2E, capped_grad, score_scales, tanh
 from ..common.replay import Replay, Replays, launch_key
-from ..common.tiles import cdiv
+from ..common.tiles import cdiv, is_causal, windowed
 from .common import (
     allocate_tiles,
     as_tensor,
@@ -38,7 +38,6 @@ from .common import (
     views,
     wgmma_layout,
     window_sides,
-    windowed,
 )
 
 
@@ -57,35 +56,35 @@ class BwdSwitches(NamedTuple):
     SOFTCAP_SCALE: float = 0.0  # > 0: scores capped by tanh(q·k · SOFTCAP_SCALE) (qk_scale carries the cap)
 
 
-def band(causal, window_size, seqlen_q, seqlen_k, bottom_right):
+def band(window_size, seqlen_q, seqlen_k, bottom_right):
     """(MASK_RIGHT, MASK_LEFT, diag, diag_left) of a batch-mode call: query i sees keys i + diag_left .. i + diag
-    (each bound only where its side is masked); ``window_size`` (left, right) or None (full, or causal by ``causal``),
-    aligned at the bottom right (diagonal seqlen_k − seqlen_q) or top left."""
-    left, right = window_size if window_size is not None else (-1, 0 if causal else -1)
+    (each bound only where its side is masked); ``window_size`` flash-attn's (left, right), -1 for unbounded ((-1, 0):
+    causal), aligned at the bottom right (diagonal seqlen_k − seqlen_q) or top left."""
+    left, right = window_size
     base = seqlen_k - seqlen_q if bottom_right else 0
     return right >= 0, left >= 0, base + max(right, 0), base - max(left, 0)
 
 
-def packed_band(causal, window_size, bottom_right, q, k):
+def packed_band(window_size, bottom_right, q, k):
     """(MASK_RIGHT, MASK_LEFT, diag, diag_left) of packed (total, nheads, headdim) q, k, as ``sequence`` takes them:
     ``diag`` 1 for each sequence's own diagonal (bottom-right causal) or 0; with a window both sides as offsets from
     each sequence's diagonal (common.window_sides: as the forward takes them)."""
     if windowed(window_size):
-        mask_right, mask_left, right, left = window_sides(causal, window_size, q.shape[0], k.shape[0])
+        mask_right, mask_left, right, left = window_sides(window_size, q.shape[0], k.shape[0])
         return mask_right, mask_left, right, -left
-    return causal, False, int(bottom_right), 0
+    return is_causal(window_size), False, int(bottom_right), 0
 
 
-def launch_rows(q, k, lse, causal, window_size, bottom_right, packed):
+def launch_rows(q, k, lse, window_size, bottom_right, packed):
     """((cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k: the longest, sequences, the LSE's strides), (MASK_RIGHT,
     MASK_LEFT, diag, diag_left)) of a backward launch in batch mode or on ``packed`` sequences (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = packed or (None, None, q.shape[1], k.shape[1])
     if packed:
         return ((cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, cu_seqlens_q.numel() - 1, (0, lse.stride(0))),
-                packed_band(causal, window_size, bottom_right, q, k))
+                packed_band(window_size, bottom_right, q, k))
     return ((None, None, seqlen_q, seqlen_k, q.shape[0], (lse.stride(0), lse.stride(1))),
-            band(causal, window_size, seqlen_q, seqlen_k, bottom_right))
+            band(window_size, seqlen_q, seqlen_k, bottom_right))
 
 
 def token_strides(t):
@@ -382,8 +381,8 @@ def backward_descriptors(q, k, v, dout, q_block, k_block, varlen=False):
     return descs, head_coord(q_layout, q.shape[-1]), head_coord(k_layout, q.shape[-1])
 
 
-def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
-                window_size=None, softcap=0.0, packed=None):
+def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, window_size, bottom_right, config, delta_in=False,
+                softcap=0.0, packed=None):
     """(grid, args, kwargs) of the dQ launch (calls bwd_hopper.supports accepts); ``config`` a configs.HopperDqConfig.
     Writes delta into ``delta`` (shaped like lse), or with ``delta_in`` reads it from there, and dQ into ``dq`` (shaped
     like q). ``window_size``: as band's; ``softcap``: flash-attn's (0: none); ``packed``: (cu_seqlens_q, cu_seqlens_k,
@@ -393,7 +392,7 @@ def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, botto
     (q_desc, k_desc, v_desc, do_desc), q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m // 2, block_n,
                                                                              packed is not None)
     (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
-        launch_rows(q, k, lse, causal, window_size, bottom_right, packed))
+        launch_rows(q, k, lse, window_size, bottom_right, packed))
     qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_q, block_m), batch * nheads)
     args = (q_desc, do_desc, k_desc, v_desc, out, dq, lse, delta, nheads, nheads // nheads_k, *q_rows, *k_rows,
@@ -409,17 +408,17 @@ def launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, botto
 _REPLAYS = Replays()  # a training loop repeats its shapes: later steps replay each launch (kernels/common/replay.py)
 
 
-def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, causal, bottom_right, config, delta_in=False,
-                     window_size=None, softcap=0.0, packed=None):
+def launch_dq_hopper(dout, q, k, v, out, lse, dq, delta, softmax_scale, window_size, bottom_right, config,
+                     delta_in=False, softcap=0.0, packed=None):
     """dQ (and delta, unless ``delta_in``) by the launch of ``launch_args``, replayed after a key's first call."""
     cu_seqlens = () if packed is None else tuple(packed[:2])
     tensors = (q, dout, k, v, out, dq, lse, delta) + cu_seqlens
-    key = launch_key(tensors, softmax_scale, causal, bottom_right, config, delta_in, window_size, softcap,
+    key = launch_key(tensors, softmax_scale, window_size, bottom_right, config, delta_in, softcap,
                      None if packed is None else packed[2:])
 
     def first():
-        grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, causal, bottom_right,
-                                         config, delta_in, window_size, softcap, packed)
+        grid, args, kwargs = launch_args(q, k, v, out, dout, dq, lse, delta, softmax_scale, window_size,
+                                         bottom_right, config, delta_in, softcap, packed)
         return Replay(flash_bwd_dq_hopper_kernel, grid, args, kwargs,
                       ["q_desc", "do_desc", "k_desc", "v_desc", "O", "dQ", "LSE", "Delta", "cu_seqlens_q",
                        "cu_seqlens_k"][:8 + len(cu_seqlens)])

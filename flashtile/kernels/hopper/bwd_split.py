@@ -293,8 +293,8 @@ def flash_bwd_dkdv_split_kernel(q_desc, k_desc, v_desc, do_desc, dK, dV, LSE, De
     ], [4, 1], [REGS, 24])
 
 
-def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom_right, config, window_size=None,
-                softcap=0.0, packed=None):
+def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right, config, softcap=0.0,
+                packed=None):
     """(grid, args, kwargs) of the dK/dV launch (calls bwd_hopper.supports accepts); dk, dv shaped like k;
     ``config`` a configs.HopperBwdConfig with split_gradients; ``window_size``: as bwd_dq.band's; ``softcap``:
     flash-attn's (0: none); ``packed``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total,
@@ -303,7 +303,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, causal, bottom
     nheads, nheads_k = q.shape[-2], k.shape[-2]
     descs, q_rows, k_rows = backward_descriptors(q, k, v, dout, block_m, block_n, packed is not None)
     (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
-        launch_rows(q, k, lse, causal, window_size, bottom_right, packed))
+        launch_rows(q, k, lse, window_size, bottom_right, packed))
     qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_k, block_n), batch * nheads_k)
     args = (*descs, dk, dv, lse, delta, nheads_k, nheads // nheads_k, *q_rows, *k_rows, *token_strides(dk),

@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
-from ..common.tiles import next_pow2
+from ..common.tiles import is_causal, next_pow2, windowed
 
 # Gluon is experimental and its API moves between releases (3.9 renamed the TMA copies): these kernels are
 # written, tested and measured against triton 3.6; other versions use the portable kernel.
@@ -158,17 +158,12 @@ def allocate_tiles(desc, count, _semantic=None):
                                      smem_layout(rows, cols, desc.dtype), _semantic=_semantic)
 
 
-def windowed(window_size):
-    """Whether ``window_size`` (left, right) is a sliding window, not full or causal attention."""
-    return window_size is not None and not (window_size[0] < 0 and window_size[1] in (-1, 0))
-
-
-def window_sides(causal, window_size, rows_q, rows_k):
+def window_sides(window_size, rows_q, rows_k):
     """(MASK_RIGHT, MASK_LEFT, right, left) of a call: query i sees keys up to i + diag (+ right) and, with MASK_LEFT,
     from i + diag - left (diag: the kernel's alignment, a sequence's own when packed). A window has both sides in the
     kernel: one open to the left takes a left side no row reaches (rows_q, rows_k: at least any sequence's lengths)."""
     if not windowed(window_size):
-        return causal, False, 0, 0
+        return is_causal(window_size), False, 0, 0
     left, right = window_size
     return right >= 0, True, max(right, 0), left if left >= 0 else max(rows_q, rows_k)
 

@@ -5,7 +5,7 @@ from triton.experimental.gluon import language as gl
 
 from ..common.online_softmax import score_scales
 from ..common.replay import Replay, Replays, launch_key
-from ..common.tiles import cdiv, next_pow2, num_sms
+from ..common.tiles import cdiv, is_causal, next_pow2, num_sms, windowed
 from .common import (
     GLUON_VERSION_OK,
     head_coord,
@@ -14,7 +14,6 @@ from .common import (
     view,
     view_layout,
     window_sides,
-    windowed,
 )
 from .fwd import flash_fwd_hopper_kernel
 from .fwd_bundles import FwdSwitches
@@ -34,23 +33,23 @@ def supports(q, k, v, window_size):
 _REPLAYS = Replays()
 
 
-def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      bottom_right, config, sinks=None, found=None, window_size=None, softcap=0.0):
-    """As ``fwd.launch_fwd``, for calls ``supports`` accepts; ``config`` a configs.HopperFwdConfig; ``sinks`` (float32
-    (nheads,) or None) a learned sink logit per head; ``window_size`` (left, right) a sliding window, or None;
-    ``softcap`` > 0 caps the scores at ±softcap by tanh (flash-attn's softcap). The first
+def launch_fwd_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+                      bottom_right, config, sinks=None, found=None, softcap=0.0):
+    """As ``fwd.launch_fwd``, for calls ``supports`` accepts: ``window_size`` flash-attn's (left, right), -1 for
+    unbounded ((-1, 0): causal); ``config`` a configs.HopperFwdConfig; ``sinks`` (float32 (nheads,) or None) a learned
+    sink logit per head; ``softcap`` > 0 caps the scores at ±softcap by tanh (flash-attn's softcap). The first
     call of a launch key goes through Triton; later ones replay it (kernels/common/replay.py) with descriptors of this
     call's tensors. ``found`` (a list, or None) gets (the key's replay, its counter), which launch_again launches for a
     later call of the same key without its lookups (nothing where launches are not replayed)."""
-    size = counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed(window_size))
+    size = counter_size(config, is_causal(window_size), q, cu_seqlens_q, max_seqlen_q, windowed(window_size))
     counter = stream_counter(q.device, size) if size else None
     key = launch_key((q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, counter, sinks), max_seqlen_q, softmax_scale,
-                     causal, bottom_right, config, None if counter is None else counter.data_ptr(),  # counter pinned
-                     window_size, softcap)
+                     window_size, bottom_right, config, None if counter is None else counter.data_ptr(),  # pinned
+                     softcap)
     replay = _REPLAYS.get(key)
     if replay is None:
         grid, args, kwargs = launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                                         causal, bottom_right, config, counter, sinks, window_size, softcap)
+                                         window_size, bottom_right, config, counter, sinks, softcap)
         replay = Replay(flash_fwd_hopper_kernel, grid, args, kwargs,
                         ["q_desc", "k_desc", "v_desc", "o_desc", "O", "LSE", "Sinks", "Qp", "Kp", "Vp",
                          "cu_seqlens_q", "cu_seqlens_k"])
@@ -80,23 +79,23 @@ def _launch(replay, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks):
                              cu_seqlens_q, cu_seqlens_k))
 
 
-def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: object,
-             window_size=None, softcap=0.0) -> FwdSwitches:
+def switches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: tuple[int, int], config: object,
+             softcap: float = 0.0) -> FwdSwitches:
     """The compile-time switches a batch-mode launch of ``config`` on tensors shaped like q, k, v takes, from
     launch_args on new tensors of the call's shapes, on q's device (``flashtile info`` prints them)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-    return launch_args(q, k, v, out, lse, None, None, None, q.shape[-1] ** -0.5, causal, True, config, None, None,
-                       window_size, softcap)[2]["SWITCHES"]
+    return launch_args(q, k, v, out, lse, None, None, None, q.shape[-1] ** -0.5, window_size, True, config,
+                       softcap=softcap)[2]["SWITCHES"]
 
 
-def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, bottom_right,
-                config, counter=None, sinks=None, window_size=None, softcap=0.0):
+def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_size,
+                bottom_right, config, counter=None, sinks=None, softcap=0.0):
     """(grid, args, kwargs) of the kernel launch (tools/compile_sm90.py compiles from them without a GPU).
     ``counter``: zeroed int32 (counter_size of them) the SCHEDULE 3 programs claim items from and FROZEN_MAX queues
     failed rows in (None: not needed, or a new one); ``sinks``: float32 (nheads,) sink logits, or None;
-    ``window_size``: (left, right), or None (full or causal, by ``causal``); ``softcap``: flash-attn's (0: none)."""
-    varlen = cu_seqlens_q is not None
+    ``window_size``, ``softcap``: as launch_fwd_hopper's."""
+    varlen, causal = cu_seqlens_q is not None, is_causal(window_size)
     nheads, nheads_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     q_layout, k_layout, v_layout = view_layout(q, varlen), view_layout(k, varlen), view_layout(v, varlen)
     (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = head_coord(q_layout, head_dim), head_coord(
@@ -133,7 +132,7 @@ def launch_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     if (schedule == 3 or frozen) and counter is None:
         counter = torch.zeros(counter_size(config, causal, q, cu_seqlens_q, max_seqlen_q, windowed(window_size)),
                               dtype=torch.int32, device=q.device)
-    mask_right, mask_left, right, left = window_sides(causal, window_size, q.shape[-3], k.shape[-3])
+    mask_right, mask_left, right, left = window_sides(window_size, q.shape[-3], k.shape[-3])
     qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     args = (*descs, out, lse, lse if sinks is None else sinks, q2, k2, v2, q2.stride(0), k2.stride(0), v2.stride(0),
             cu_seqlens_q, cu_seqlens_k, counter if schedule == 3 or frozen else None, tail_heads, q_rows_b,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from bwd_checks import assert_grads_close, assert_graph_replays_like_eager, check, check_sinks, gradients
-from helpers import DTYPE_IDS, poisoned_outputs, randn, torch_attention
+from helpers import DTYPE_IDS, poisoned_outputs, randn, torch_attention, window_of
 
 import flashtile
 from flashtile import configs, dispatch, reference
@@ -23,7 +23,7 @@ def test_backward_launch_arguments():
     lse = torch.randn(2, 8, 300)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     for bottom_right, diag in ((True, 200), (False, 0)):
-        grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, bottom_right)
+        grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, (-1, 0), bottom_right)
         assert grid == (4, 2, 2)  # (K/V tiles, KV heads, batch)
         assert [d.block_shape for d in args[:4]] == [[64, 128], [64, 128], [64, 128], [64, 128]]
         names = bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names
@@ -47,15 +47,15 @@ def test_padded_head_dim_launch_arguments():
     config = configs.BWD_HOPPER[(128, True)]
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config))
     assert dq_acc.shape == (2, 8, 320, 128)
-    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, True, config, dq_acc)
+    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, (-1, 0), True, config, dq_acc)
     assert [d.block_shape for d in args[:4]] == [[64, 1, 128]] * 4
     assert [tuple(d.base.shape) for d in args[:4]] == [(600, 8, 96), (1000, 2, 96), (1000, 2, 96), (600, 8, 96)]
     values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
     assert (values["q_rows_b"], values["q_col_h"], values["k_rows_b"], values["k_col_h"]) == (300, 1, 500, 1)
     assert kwargs["HEAD_DIM"] == 96
     assert values["dQacc"].block_shape == [128, 32]
-    for launch_args in (bwd_dq.launch_args(q, k, v, q, q, q, lse, lse, 0.1, True, True, config.dq_hopper)[2],
-                        bwd_split.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, True, True,
+    for launch_args in (bwd_dq.launch_args(q, k, v, q, q, q, lse, lse, 0.1, (-1, 0), True, config.dq_hopper)[2],
+                        bwd_split.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, (-1, 0), True,
                                               configs.BWD_HOPPER[(256, True)])[2]):
         assert launch_args["HEAD_DIM"] == 96
 
@@ -72,18 +72,16 @@ def test_window_launch_arguments():
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     cases = {(100, 50): (True, True, 250, 100), (-1, 0): (True, False, 200, 200), (-1, -1): (False, False, 200, 200),
              (128, -1): (False, True, 200, 72)}
-    assert bwd_dq.band(True, None, 300, 500, True) == (True, False, 200, 200)
-    assert bwd_dq.band(False, (100, 50), 300, 500, False) == (True, True, 50, -100)
+    assert bwd_dq.band((100, 50), 300, 500, False) == (True, True, 50, -100)
     for window, (right, left, diag, diag_left) in cases.items():
-        assert bwd_dq.band(False, window, 300, 500, True) == (right, left, diag, diag_left)
-        for make, kernel in ((lambda: bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, False, True,
-                                                              window_size=window),
+        assert bwd_dq.band(window, 300, 500, True) == (right, left, diag, diag_left)
+        for make, kernel in ((lambda: bwd_hopper.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, window, True),
                               bwd_hopper.flash_bwd_dkdv_hopper_kernel),
-                             (lambda: bwd_dq.launch_args(q, k, v, q, q, q, lse, lse, 0.1, False, True,
-                                                         configs.HopperDqConfig(), window_size=window),
+                             (lambda: bwd_dq.launch_args(q, k, v, q, q, q, lse, lse, 0.1, window, True,
+                                                         configs.HopperDqConfig()),
                               bwd_dq.flash_bwd_dq_hopper_kernel),
-                             (lambda: bwd_split.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, False, True,
-                                                            configs.BWD_HOPPER[(256, False)], window),
+                             (lambda: bwd_split.launch_args(q, k, v, q, dk, dv, lse, lse, 0.1, window, True,
+                                                            configs.BWD_HOPPER[(256, False)]),
                               bwd_split.flash_bwd_dkdv_split_kernel)):
             _, args, kwargs = make()
             values = dict(zip(kernel.arg_names, args))
@@ -106,7 +104,7 @@ def test_packed_launch_arguments():
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, packed))
     assert dq_acc.shape == (2, 8, 256, 128)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, True, True, config, dq_acc,
+    grid, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, (-1, 0), True, config, dq_acc,
                                                 packed=packed)
     values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
     assert grid == (3, 2, 2) and kwargs["SWITCHES"].IS_VARLEN and kwargs["SWITCHES"].DQ_REDUCE
@@ -119,14 +117,14 @@ def test_packed_launch_arguments():
              (0, 0): (True, True, 0, 0)}
     for window, (right, left, diag, diag_left) in cases.items():  # each side's offset from each sequence's diagonal
         for bottom_right in (True, False):
-            _, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, False, bottom_right, config,
-                                                     dq_acc, packed=packed, window_size=window)
+            _, args, kwargs = bwd_hopper.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, window, bottom_right, config,
+                                                     dq_acc, packed=packed)
             values = dict(zip(bwd_hopper.flash_bwd_dkdv_hopper_kernel.arg_names, args))
             sw = kwargs["SWITCHES"]
             assert (sw.MASK_RIGHT, sw.MASK_LEFT, values["diag"], values["diag_left"]) == (right, left, diag, diag_left)
             assert sw.IS_VARLEN and sw.BOTTOM_RIGHT == bottom_right
     with pytest.raises(ValueError, match="packed sequences take the one pass"):
-        bwd_hopper.launch_bwd_hopper(dout, q, k, v, q, lse, q, dk, dv, 0.1, True, True, deterministic=True,
+        bwd_hopper.launch_bwd_hopper(dout, q, k, v, q, lse, q, dk, dv, 0.1, (-1, 0), True, deterministic=True,
                                      config=config, packed=packed)
 
 
@@ -142,7 +140,7 @@ def test_packed_split_launch_arguments():
     config = configs.BWD_HOPPER[(256, True)]
     assert config.split_gradients
     packed = (cu_q, cu_k, 200, 260)
-    grid, args, kwargs = bwd_dq.launch_args(q, k, v, q, dout, q, lse, lse, 0.1, True, True, config.dq_hopper,
+    grid, args, kwargs = bwd_dq.launch_args(q, k, v, q, dout, q, lse, lse, 0.1, (-1, 0), True, config.dq_hopper,
                                             packed=packed)
     values = dict(zip(bwd_dq.flash_bwd_dq_hopper_kernel.arg_names, args))
     assert grid == (-(-200 // config.dq_hopper.block_m), 2 * 8) and kwargs["SWITCHES"].IS_VARLEN
@@ -150,7 +148,7 @@ def test_packed_split_launch_arguments():
     assert values["cu_seqlens_q"] is cu_q
     assert (values["stride_ob"], values["stride_dqb"], values["stride_lb"]) == (0, 0, 0)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    grid, args, kwargs = bwd_split.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, False, True, config, (128, 0),
+    grid, args, kwargs = bwd_split.launch_args(q, k, v, dout, dk, dv, lse, lse, 0.1, (128, 0), True, config,
                                                packed=packed)
     values = dict(zip(bwd_split.flash_bwd_dkdv_split_kernel.arg_names, args))
     sw = kwargs["SWITCHES"]
@@ -212,7 +210,7 @@ def test_softcap_takes_the_split_design(monkeypatch):
         assert dispatch.backward(q, q, q, q, (-1, 0), alibi_slopes=torch.ones(4)).kernel == "portable/bwd.py"
     q = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="softcap takes the split design"):
-        bwd_hopper.launch_bwd_hopper(q, q, q, q, q, q, q, q, q, 0.1, True, True, softcap=30.0)
+        bwd_hopper.launch_bwd_hopper(q, q, q, q, q, q, q, q, q, 0.1, (-1, 0), True, softcap=30.0)
 
 
 @pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
@@ -269,7 +267,7 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal)
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(2, 4, 256)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True)
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, window_of(causal), True)
     assert [c[0] for c in calls] == ["dq", "dkdv"]
     _, dq_args, dq_kwargs = calls[0]
     config = table[(128, causal)]
@@ -312,7 +310,7 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     lse = torch.randn(2, 8, 300)
     grads = [torch.empty_like(t) for t in (q, k, v)]
     dlse_t = torch.randn(2, 8, 300) if dlse else None
-    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, dlse=dlse_t)
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, window_of(causal), True, dlse=dlse_t)
     assert [c[0] for c in calls] == (["preprocess"] if dlse else []) + ["dq", "split"]
     config = configs.BWD_HOPPER[(256, causal)]
     dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, calls[-2][1]))
@@ -368,7 +366,7 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(2, 4, 200)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, causal, True, deterministic)
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, window_of(causal), True, deterministic)
     if deterministic:
         assert [c[0] for c in calls] == ["dq", "dkdv"]
         assert not calls[1][2]["SWITCHES"].DQ_REDUCE

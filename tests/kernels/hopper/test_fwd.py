@@ -17,6 +17,7 @@ from helpers import (
     torch_attention,
     torch_attention_varlen,
     varlen_inputs,
+    window_of,
 )
 
 import flashtile
@@ -63,15 +64,15 @@ def test_launch_arguments():
     k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
     cfg = dataclasses.replace(configs.FWD_HOPPER[(128, True)], persistent=False)
-    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, cfg)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, (-1, 0), True, cfg)
     n_m = -(-seqlen // cfg.block_m)
     n_pairs = -(-n_m // 2) * batch * nheads
     assert grid == (n_pairs, )  # one program per pair of Q tiles
     persistent = dataclasses.replace(cfg, persistent=True)
-    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, persistent)[0] == (
+    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, (-1, 0), True, persistent)[0] == (
         min(n_pairs, num_sms(q.device)), )  # at most one program per SM
     shorter = dataclasses.replace(persistent, persistent_max_seqlen=seqlen - 1)  # persistent up to shorter rows
-    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, True, True, shorter)[0] == (n_pairs, )
+    assert fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, (-1, 0), True, shorter)[0] == (n_pairs, )
     q_desc, k_desc, v_desc = args[:3]
     assert q_desc.block_shape == [64, head_dim]  # 64 rows to each consumer warpgroup
     assert k_desc.block_shape == v_desc.block_shape == [cfg.block_n, head_dim]
@@ -102,8 +103,7 @@ def test_window_launch_arguments(window, sides):
     causal = window == (-1, 0)
     cfg = configs.FWD_HOPPER[(128, causal)]
     assert cfg.frozen_max and cfg.block_m == 128
-    grid, args, kwargs = fwd_launch.launch_args(q, k, k, out, lse, None, None, None, 0.125, causal, True, cfg,
-                                                window_size=window)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, k, out, lse, None, None, None, 0.125, window, True, cfg)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     sw = kwargs["SWITCHES"]
     assert (sw.MASK_RIGHT, sw.MASK_LEFT, named["right"], named["left"]) == sides
@@ -113,14 +113,12 @@ def test_window_launch_arguments(window, sides):
         three = configs.FWD_HOPPER[(64, False)]
         assert three.frozen_max and three.block_m == 192
         q64, k64 = q[..., :64].contiguous(), k[..., :64].contiguous()
-        _, args, kwargs = fwd_launch.launch_args(q64, k64, k64, q64, lse, None, None, None, 0.125, False, True, three,
-                                                 window_size=window)
+        _, args, kwargs = fwd_launch.launch_args(q64, k64, k64, q64, lse, None, None, None, 0.125, window, True, three)
         assert not kwargs["SWITCHES"].FROZEN_MAX and dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names,
                                                                args))["counter"] is None
     cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 1300, 2600], dtype=torch.int32)
     _, args, kwargs = fwd_launch.launch_args(q.flatten(0, 1), k.flatten(0, 1), k.flatten(0, 1), out.flatten(0, 1),
-                                             lse.transpose(0, 1).flatten(1), cu_q, cu_k, 1000, 0.125, causal, True, cfg,
-                                             window_size=window)
+                                             lse.transpose(0, 1).flatten(1), cu_q, cu_k, 1000, 0.125, window, True, cfg)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     packed_left = 2600 if window[0] < 0 and window != (-1, 0) else sides[3]
     assert kwargs["SWITCHES"].IS_VARLEN and (named["right"], named["left"]) == (sides[2], packed_left)
@@ -139,7 +137,7 @@ def test_schedule():
         lse = torch.empty(batch, nheads, seqlen)
         run = dataclasses.replace(cfg, persistent=persistent, balanced=balanced)
         grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, None, None, None, 0.125,
-                                                    causal, True, run)
+                                                    window_of(causal), True, run)
         n_m = -(-seqlen // 128)
         work = batch * nheads * (n_m if schedule == 2 else -(-n_m // 2))
         assert kwargs["SWITCHES"].SCHEDULE == schedule
@@ -168,7 +166,7 @@ def test_claims_launch_arguments():
             q, lse = q.flatten(0, 1), torch.empty(nheads, batch * seqlen)
             cu, max_seqlen = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32), seqlen
         grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, cu, cu, max_seqlen, 0.125,
-                                                    causal, True, run)
+                                                    window_of(causal), True, run)
         named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
         n_m = -(-seqlen // cfg.block_m)
         counter = named["counter"]  # the claims counter and FROZEN_MAX's queue (bf16)
@@ -182,7 +180,7 @@ def test_claims_launch_arguments():
         else:
             assert kwargs["SWITCHES"].SCHEDULE != 3
         fp16 = fwd_launch.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
-                                      0.125, causal, True, run)  # FROZEN_MAX is for bf16 only
+                                      0.125, window_of(causal), True, run)  # FROZEN_MAX is for bf16 only
         assert fp16[2]["SWITCHES"].FROZEN_MAX is False and fp16[2]["SWITCHES"].SCHEDULE == kwargs["SWITCHES"].SCHEDULE
         fp16_counter = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, fp16[1]))["counter"]
         assert (fp16_counter is None) == (kwargs["SWITCHES"].SCHEDULE != 3)
@@ -234,7 +232,7 @@ def test_launch_arguments_with_three_consumer_warpgroups():
     batch, seqlen, nheads = 2, 1000, 4
     q, k, v = (torch.randn(batch, seqlen, nheads, 64, dtype=torch.bfloat16) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen)
-    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, False, True, cfg)
+    grid, args, kwargs = fwd_launch.launch_args(q, k, v, out, lse, None, None, None, 0.125, (-1, -1), True, cfg)
     named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
     assert named["n_m"] == 6 and named["n_bh"] == batch * nheads  # 1000 rows: 6 tiles of 192
     assert kwargs["SWITCHES"].SCHEDULE == 2 and grid == (min(6 * batch * nheads, num_sms(q.device)), )  # single tiles
@@ -812,8 +810,8 @@ def test_frozen_max_under_a_window(head_dim, window_size, forward_backend):
         pytest.skip("the Hopper kernel's option")
     q = randn(2, 3000, 4, head_dim, dtype=torch.bfloat16)
     _, _, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), torch.empty(2, 4, 3000, device=q.device), None,
-                                          None, None, 0.1, False, True, dispatch.forward(q, q, q, window_size).config,
-                                          window_size=window_size)
+                                          None, None, 0.1, window_size, True,
+                                          dispatch.forward(q, q, q, window_size).config)
     assert kwargs["SWITCHES"].FROZEN_MAX and kwargs["SWITCHES"].MASK_LEFT
     for kind in ("rising", "dominant", "past"):
         check_rising_scores(head_dim, False, kind, window_size=window_size)
