@@ -14,7 +14,7 @@ import time
 import torch
 
 from . import inputs, require_gpu
-from .peers import DEFAULT_PEERS, FORWARD
+from .peers import DEFAULT_PEERS, FORWARD, setting
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -217,7 +217,10 @@ def _shape_key(r):
 
 def table(rows, peers, key="tflops", error_key="error"):
     """Markdown: one line per shape (and input distribution), TFLOP/s per peer, flashtile over the best other library
-    (its own variants, "flashtile (...)", are not peers)."""
+    computing the same thing (its own variants, "flashtile (...)", are not peers): the setting (peers.setting) of the
+    first peer listed, so capped flashtile meets capped FA4."""
+    compared = setting(peers[0]) if peers else ""
+    ours_peer = f"flashtile ({compared})" if compared else "flashtile"
     lines = ["| D | causal | N | B×H | inputs | " + " | ".join(peers) + " | ours / best peer |",
              "|---" * (len(peers) + 6) + "|"]
     for shape in sorted({_shape_key(r) for r in rows}):
@@ -225,8 +228,9 @@ def table(rows, peers, key="tflops", error_key="error"):
         cells = {r["peer"]: r for r in rows if _shape_key(r) == shape}
         shown = [f"{cells[p][key]:.0f}" if cells.get(p, {}).get(key) else
                  (cells.get(p, {}).get(error_key) or "–")[:12] for p in peers]
-        others = [cells[p][key] for p in peers if not p.startswith("flashtile") and cells.get(p, {}).get(key)]
-        ours = cells.get("flashtile", {}).get(key)
+        others = [cells[p][key] for p in peers if not p.startswith("flashtile") and setting(p) == compared
+                  and cells.get(p, {}).get(key)]
+        ours = cells.get(ours_peer, {}).get(key)
         ratio = f"{ours / max(others):.2f}" if ours and others else "–"
         heads = f"{b}×{h}" if h_k == h else f"{b}×{h}/{h_k}"
         lines.append(f"| {d} | {mask_name(causal)} | {n} | {heads} | {inputs} | " + " | ".join(shown)

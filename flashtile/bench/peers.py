@@ -126,5 +126,11 @@ FORWARD = {
     "naive": naive_fwd,
 }
 
+
+def setting(peer):
+    """What a peer computes beyond plain attention, as its name ends: "softcap 50" for the capped ones, else ""."""
+    return "softcap 50" if peer.endswith("softcap 50)") else ""
+
+
 # What the bench runs unless --peers says otherwise: flashtile as shipped and every peer a user can pick.
 DEFAULT_PEERS = ["flashtile", "FA4", "cuDNN", "FA2 (SDPA flash)", "FlexAttention", "mem-efficient", "naive"]

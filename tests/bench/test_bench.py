@@ -16,6 +16,18 @@ def test_ratio_is_against_other_libraries_not_our_variants():
     assert line.endswith("| 0.97 |"), line
 
 
+def test_ratio_compares_the_first_peers_setting():
+    """Capped flashtile listed first meets the capped peers only; plain flashtile listed first, the plain ones."""
+    shape = dict(head_dim=128, causal=False, seqlen=4096, batch=4, nheads=16)
+    rows = [dict(shape, peer="flashtile (softcap 50)", tflops=500.0), dict(shape, peer="FA4 (softcap 50)",
+                                                                         tflops=400.0),
+            dict(shape, peer="flashtile", tflops=700.0), dict(shape, peer="FA4", tflops=500.0)]
+    capped = table(rows, ["flashtile (softcap 50)", "FA4 (softcap 50)", "flashtile", "FA4"]).splitlines()[-1]
+    assert capped.endswith("| 1.25 |"), capped
+    plain = table(rows, ["flashtile", "FA4", "flashtile (softcap 50)", "FA4 (softcap 50)"]).splitlines()[-1]
+    assert plain.endswith("| 1.40 |"), plain
+
+
 def test_best_of_turns_keeps_each_keys_lowest_time_and_takes_turns():
     from flashtile.bench.__main__ import best_of_turns
     calls, times = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
