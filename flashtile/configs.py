@@ -262,6 +262,10 @@ BWD_HOPPER = {
     (256, True): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True),
 }
 
+# Capped scores (softcap) on the sm90 backward, keyed as BWD_HOPPER: D=256's split design beat the portable backward;
+# head dims without an entry take the portable one (docs/configs.md#bwd_hopper_softcap).
+BWD_HOPPER_SOFTCAP = {key: BWD_HOPPER[key] for key in ((256, False), (256, True))}
+
 # The warp-specialized decode kernel on a head-major cache, one split, where its programs fill their waves to
 # DECODE_HOPPER_FILL; 3 stages from DECODE_HOPPER_LONG_FROM keys (docs/configs.md#decode_hopper).
 DECODE_HOPPER = {128: DecodeHopperConfig(block_n=64, num_stages=2, consumer_regs=168, maxnreg=128)}

@@ -103,12 +103,13 @@ def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout
                          softcap: float = 0.0) -> Optional[configs.HopperBwdConfig]:
     """The sm90 backward's config for the call on any device: configs.BWD_BACKEND "auto", a call the kernel's
     ``supports`` accepts; packed sequences where the config's design is the one pass or splits the gradients (D=192,
-    256), a softcap only where it splits them (the one pass spills with a cap, docs/perf/backward.md); else None
+    256); capped scores (``softcap``) from configs.BWD_HOPPER_SOFTCAP, where it has the head dim; else None
     (``flashtile info`` says what an sm90 GPU would run)."""
     if configs.BWD_BACKEND == "portable" or not hopper("bwd").supports(q, k, v, dout, window_size):
         return None
-    config = configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
-    if softcap and not config.split_gradients:
+    config = (configs.BWD_HOPPER_SOFTCAP if softcap else configs.BWD_HOPPER).get(
+        (head_dim_pad(q.shape[-1]), is_causal(window_size)))
+    if config is None:
         return None
     return None if packed and config.design(deterministic) != "one pass" and not config.split_gradients else config
 

@@ -5,6 +5,7 @@
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
+#        [softcap-one-pass]
 # tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
 # each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -158,6 +159,13 @@ for step in "$@"; do
       timeout 400 python3 -m flashtile.bench --backward --head-dims 128 256 --seqlens 4096 16384 --rounds 1 --memory-seqlens \
         --peers "flashtile (softcap 50)" "flashtile (portable, softcap 50)" "FA4 (softcap 50)" flashtile \
         --out "$out/bench-softcap" 2>&1 | grep "^|" | tee "$out/softcap-bench.log" ;;
+    softcap-one-pass)  # the capped backward at D=64 and 128 on the sm90 one pass: its GPU tests (batch, packed,
+      # deterministic), then scripts/softcap_bwd_ab.py against the portable backward (and FA4 where PYTHONPATH has it)
+      timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
+        -k "softcap and (d64 or d128)" 2>&1 | tee "$out/softcap-one-pass-full.log" | grep -E "passed|failed|FAILED|Error" \
+        | tee "$out/softcap-one-pass.log"
+      timeout 200 python3 scripts/softcap_bwd_ab.py --seqlens 4096 16384 --out "$out/bench-softcap-one-pass" 2>&1 \
+        | grep "^|" | tee -a "$out/softcap-one-pass.log" ;;
     kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their
       # GPU tests (replays at new and old addresses, claims under CUDA graphs, the eager step), then small calls
       timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \

@@ -178,10 +178,11 @@ def _backward_inputs(head_dim, nheads_k):
     return q, k, torch.empty(2, 8, 1024)
 
 
-def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, window=None):
+def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, window=None, softcap=0.0):
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) with its shipped config, GQA 8/2, as compile_hopper_fwd; with
     ``single_pass`` handing dS·K to the copy engine's reduce-add into a float32 dQ; ``packed``: on packed sequences
-    (one pass); ``window``: a sliding window (left, right) instead of the causal flag's mask."""
+    (one pass); ``window``: a sliding window (left, right) instead of the causal flag's mask; ``softcap``:
+    flash-attn's."""
     import torch
 
     from flashtile.kernels.hopper import bwd as bwd_hopper
@@ -190,10 +191,11 @@ def compile_hopper_bwd(causal, single_pass=False, head_dim=128, packed=False, wi
     q, k, lse, sequences = _packed(q, k, lse) if packed else (q, k, lse, None)
     dq_acc = torch.empty(bwd_hopper.dq_acc_shape(q, config, sequences)) if single_pass else None
     grid, args, kwargs = bwd_hopper.launch_args(q, k, k, q, torch.empty_like(k), torch.empty_like(k), lse, lse, 0.1,
-                                                window_size(causal, window), True, config, dq_acc, packed=sequences)
+                                                window_size(causal, window), True, config, dq_acc, packed=sequences,
+                                                softcap=softcap)
     row = _compile_gluon(bwd_hopper.flash_bwd_dkdv_hopper_kernel, args, kwargs)
     return dict(row, head_dim=head_dim, config=[], causal=causal, single_pass=single_pass, varlen=packed,
-                window=window)
+                window=window, softcap=softcap)
 
 
 def compile_hopper_split(causal, nheads_k=2, head_dim=256, window=None, softcap=0.0, packed=False):

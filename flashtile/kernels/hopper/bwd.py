@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from ... import configs
-from ..common.online_softmax import LN2, LOG2E
+from ..common.online_softmax import LN2, LOG2E, score_scales, tanh
 from ..common.replay import Replay, Replays, launch_key
 from ..common.tiles import cdiv, head_dim_pad, is_causal, next_pow2
 from ..portable import bwd as portable_bwd
@@ -274,7 +274,11 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, grou
         s_t = warpgroup_mma_wait(1, deps=(s_t, ))  # [HALF_N, BLOCK_M]
         if not LSE_EARLY:
             lse = smem.lse.index(stage).load(gl.SliceLayout(0, s_layout))
+        if sw.SOFTCAP_SCALE > 0:
+            s_t = tanh(s_t * sw.SOFTCAP_SCALE, True)
         p_t = gl.exp2(s_t * qk_scale - lse[None, :])
+        if sw.SOFTCAP_SCALE > 0:  # d(score)/d(q·k), 1 − tanh², in [0, 1]: fp16 holds it in half the registers
+            grad_t = (1.0 - s_t * s_t).to(gl.float16)
         if sw.MASK_RIGHT or sw.MASK_LEFT:
             cut = last_key >= seqlen_k  # the end, the diagonal, the window's start
             if sw.MASK_RIGHT:
@@ -292,7 +296,10 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, grou
             p_t = gl.where((offs_n < seqlen_k)[:, None], p_t, 0.0)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))  # [HALF_N, BLOCK_M]
         delta = smem.delta.index(stage).load(gl.SliceLayout(0, s_layout))
-        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if sw.SOFTCAP_SCALE > 0:
+            ds_t = ds_t * grad_t.to(gl.float32)
+        ds_t = ds_t.to(dtype)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_tile, dv, is_async=True)
         if sw.DQ_REDUCE:  # dQ = dS K over both warpgroups' keys; this one takes columns [half·DQ_COLS, +DQ_COLS)
             mbarrier.wait(smem.ds_free.index(t % 2), ((t // 2) & 1) ^ 1)  # both have read step t − 2's
@@ -324,7 +331,10 @@ def _consumer(half: gl.constexpr, sw, smem, vw, gr, dQacc, diag, diag_left, grou
     store_layout: gl.constexpr = row_run_layout(sw.HEAD_DIM_PAD)  # 16-byte runs of a row per store
     store_rows(dv, gr.dV, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dvb, gr.stride_dvn, gr.stride_dvh,
                store_layout, sw.HEAD_DIM)
-    store_rows(dk * (qk_scale * LN2), gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
+    dk_scale = qk_scale * LN2  # the softmax scale (capped: qk_scale holds the cap, SOFTCAP_SCALE scale / cap)
+    if sw.SOFTCAP_SCALE > 0:
+        dk_scale = dk_scale * sw.SOFTCAP_SCALE
+    store_rows(dk * dk_scale, gr.dK, b, h_k, k_base + first_key, k_base + seqlen_k, gr.stride_dkb,
                gr.stride_dkn, gr.stride_dkh, store_layout, sw.HEAD_DIM)
 
 
@@ -399,14 +409,11 @@ def supports(q, k, v, dout, window_size):
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right=True, config=None,
                 dq_acc=None, packed=None, softcap=0.0):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
-    ``window_size`` as bwd_dq.band's (packed: each sequence's band, _sequence); ``softcap`` refused (0 only: the one
-    pass with tanh kept spills, bwd_split.launch_args takes it);
+    ``window_size`` as bwd_dq.band's (packed: each sequence's band, _sequence); ``softcap``: flash-attn's (0: none);
     ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim, causal or not);
     ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
     or None."""
-    if softcap:
-        raise ValueError("softcap takes the split design on sm90 (configs.HopperBwdConfig.split_gradients)")
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
@@ -414,6 +421,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, b
         q, k, v, dout, block_m, block_n // 2, packed is not None)
     (cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, batch, lse_strides), (mask_right, mask_left, diag, diag_left) = (
         launch_rows(q, k, lse, window_size, bottom_right, packed))
+    qk_scale, softcap_scale, _ = score_scales(softmax_scale, softcap)
     grid = (cdiv(seqlen_k, block_n), nheads_k, batch)
     dq_arg = dq_acc if dq_acc is not None else lse
     dq_strides = (dq_acc.stride(0), dq_acc.stride(1)) if dq_acc is not None else (0, 0)
@@ -422,8 +430,9 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, b
         dq_strides = (dq_acc.stride(0) // 32, dq_acc.stride(1) // 32)
     args = (*descs, dk, dv, dq_arg, lse, delta, q_rows_b, q_rows_h, q_col_h, k_rows_b, k_rows_h, k_col_h,
             *token_strides(dk), *token_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
-            nheads // nheads_k, softmax_scale * LOG2E.value, cu_seqlens_q, cu_seqlens_k)
+            nheads // nheads_k, qk_scale, cu_seqlens_q, cu_seqlens_k)
     switches = BwdSwitches(mask_right, mask_left, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None,
+                           SOFTCAP_SCALE=softcap_scale,
                            BOTTOM_RIGHT=bottom_right)
     kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, SWITCHES=switches,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=168)
@@ -467,12 +476,10 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window
     the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
     same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size``: flash-attn's
-    (left, right), -1 for unbounded ((-1, 0): causal; bwd_dq.band). ``softcap``: flash-attn's (0: none), the split
-    design only (configs.HopperBwdConfig.split_gradients: the one pass with tanh kept spills).
+    (left, right), -1 for unbounded ((-1, 0): causal; bwd_dq.band). ``softcap``: flash-attn's (0: none), in every design
+    (dispatch takes capped calls here where configs.BWD_HOPPER_SOFTCAP has an entry).
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
     config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
-    if softcap and not config.split_gradients:
-        raise ValueError("softcap takes the split design on sm90 (configs.HopperBwdConfig.split_gradients)")
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])

@@ -193,11 +193,10 @@ def test_backward_dispatch(monkeypatch):
                                                                    deterministic=True) == ok  # the split design
 
 
-def test_softcap_takes_the_split_design(monkeypatch):
-    """softcap on sm90 (pretended): the head dims whose config splits the gradients (D=256, and 192 in its tiles) take
-    the sm90 backward, deterministic too; the one pass's head dims (D=64, 128) the portable one, and so does ALiBi;
-    the launcher refuses a cap with a one-pass config."""
-    from flashtile.kernels.hopper import bwd as bwd_hopper
+def test_softcap_takes_the_entries_of_bwd_hopper_softcap(monkeypatch):
+    """softcap on sm90 (pretended): the head dims configs.BWD_HOPPER_SOFTCAP has (D=256, and 192 in its tiles) take
+    the sm90 backward with that entry, deterministic too; the others (D=64, 128) the portable one, and so does ALiBi;
+    an entry added for D=128 takes it there."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
     for head_dim, kernel in ((256, "hopper/bwd.py"), (192, "hopper/bwd.py"), (128, "portable/bwd.py"),
@@ -209,8 +208,11 @@ def test_softcap_takes_the_split_design(monkeypatch):
                 assert plan.kernel == (kernel if GLUON_VERSION_OK else "portable/bwd.py"), (head_dim, window)
         assert dispatch.backward(q, q, q, q, (-1, 0), alibi_slopes=torch.ones(4)).kernel == "portable/bwd.py"
     q = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="softcap takes the split design"):
-        bwd_hopper.launch_bwd_hopper(q, q, q, q, q, q, q, q, q, 0.1, (-1, 0), True, softcap=30.0)
+    candidate = dataclasses.replace(configs.BWD_HOPPER[(128, True)], num_stages=3)
+    monkeypatch.setitem(configs.BWD_HOPPER_SOFTCAP, (128, True), candidate)
+    plan = dispatch.backward(q, q, q, q, (-1, 0), softcap=30.0)
+    assert plan.config is candidate if GLUON_VERSION_OK else plan.kernel == "portable/bwd.py"
+    assert dispatch.backward(q, q, q, q, (-1, -1), softcap=30.0).kernel == "portable/bwd.py"
 
 
 @pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
@@ -511,16 +513,27 @@ def test_gradients_wide_heads(head_dim, shape, causal, dtype):
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
 
 
+def capped_one_pass(monkeypatch):
+    """configs.BWD_HOPPER_SOFTCAP with entries for D=64 and D=128 (it has none): their one pass, D=64 in 64-row steps
+    (its 128 spill with a cap, tools/compile_sm90.py), so that the capped one pass is tested wherever it may ship."""
+    for causal in (False, True):
+        monkeypatch.setitem(configs.BWD_HOPPER_SOFTCAP, (64, causal),
+                            dataclasses.replace(configs.BWD_HOPPER[(64, causal)], block_m=64))
+        monkeypatch.setitem(configs.BWD_HOPPER_SOFTCAP, (128, causal), configs.BWD_HOPPER[(128, causal)])
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "w1000_0"])
-@pytest.mark.parametrize("head_dim", [192, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["plain", "deterministic"])
-def test_softcap_gradients(head_dim, window, dtype, deterministic):
-    """flash-attn's softcap (Gemma 2: 50) on the sm90 split design, both ways: dQ and dK/dV through tanh's derivative
-    (the dQ kernel from each P, the dK/dV kernel from the Pᵀ · (1 − tanh²) its dV warpgroup hands over); scores past the
-    cap, GQA, Nq != Nk; every gradient against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
+def test_softcap_gradients(head_dim, window, dtype, deterministic, monkeypatch):
+    """flash-attn's softcap (Gemma 2: 50) on the sm90 backward, both ways: dQ and dK/dV through tanh's derivative (the
+    dQ kernel from each P; the split design's dK/dV kernel from the Pᵀ · (1 − tanh²) its dV warpgroup hands over, the
+    one pass's (D=64, 128, capped_one_pass) from its own Pᵀ); scores past the cap, GQA, Nq != Nk; every gradient
+    against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
+    capped_one_pass(monkeypatch)
     q = randn(2, 1500, 8, head_dim, dtype=dtype, scale=16.0)
     k, v = (randn(2, 1300, 2, head_dim, dtype=dtype) for _ in range(2))
     dout = randn(2, 1500, 8, head_dim, dtype=dtype)
@@ -537,11 +550,13 @@ def test_softcap_gradients(head_dim, window, dtype, deterministic):
 @pytest.mark.gpu
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0)], ids=["full", "causal", "w256_0"])
-@pytest.mark.parametrize("head_dim", [192, 256], ids=lambda d: f"d{d}")
-def test_softcap_on_packed_sequences(head_dim, window):
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"d{d}")
+def test_softcap_on_packed_sequences(head_dim, window, monkeypatch):
     """Gemma 2's padding-free batches: softcap on packed ragged sequences (one without queries, Nq != Nk, longer
-    than a tile or shorter), GQA 4/2, rows past the last sequence in q, on the split design (D=192, 256); every
-    gradient against float64 within 2x of PyTorch's own error, and those rows' dQ zero."""
+    than a tile or shorter), GQA 4/2, rows past the last sequence in q, on the one pass (D=64, 128, capped_one_pass)
+    and the split design (D=192, 256); every gradient against float64 within 2x of PyTorch's own error, and those
+    rows' dQ zero."""
+    capped_one_pass(monkeypatch)
     from helpers import varlen_inputs
     seqlens_q, seqlens_k = [5, 0, 700, 333, 1024], [9, 12, 700, 1300, 1024]
     q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16)
