@@ -3,7 +3,7 @@ by (padded head dim, causal) unless said otherwise. Each table has one line of w
 that chose it (docs/configs.md); which entry serves a call is decided in flashtile/dispatch.py, and `flashtile info`
 prints it. The environment variables that pick a kernel family are listed in docs/env.md."""
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 
@@ -262,9 +262,12 @@ BWD_HOPPER = {
     (256, True): HopperBwdConfig(block_n=64, dq_hopper=HopperDqConfig(block_n=32), split_gradients=True),
 }
 
-# Capped scores (softcap) on the sm90 backward, keyed as BWD_HOPPER: D=256's split design beat the portable backward;
-# head dims without an entry take the portable one (docs/configs.md#bwd_hopper_softcap).
-BWD_HOPPER_SOFTCAP = {key: BWD_HOPPER[key] for key in ((256, False), (256, True))}
+# Capped scores (softcap) on the sm90 backward, keyed as BWD_HOPPER: each beat the portable backward with the cap;
+# D=64 in 64-row steps, whose 128 spill with a cap (docs/configs.md#bwd_hopper_softcap).
+BWD_HOPPER_SOFTCAP = {
+    **{(64, causal): replace(BWD_HOPPER[(64, causal)], block_m=64) for causal in (False, True)},
+    **{key: BWD_HOPPER[key] for key in ((128, False), (128, True), (256, False), (256, True))},
+}
 
 # The warp-specialized decode kernel on a head-major cache, one split, where its programs fill their waves to
 # DECODE_HOPPER_FILL; 3 stages from DECODE_HOPPER_LONG_FROM keys (docs/configs.md#decode_hopper).

@@ -5,7 +5,6 @@
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
-#        [softcap-one-pass]
 # tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
 # each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -151,21 +150,14 @@ for step in "$@"; do
       # sm90 entries and candidates (D=64 in 128 rows with FROZEN_MAX, D=128 in 64-key tiles)
       timeout 300 python3 scripts/window_fwd_ab.py 2>&1 | grep "^|" | tee "$out/window-fwd-ab.md" ;;
     softcap-tests)  # softcap on the sm90 kernels: the forward (every head dim, forced where dispatch takes the portable
-      # kernel), the backward's split design (D=192, 256), batch and packed
+      # kernel), the backward (the one pass at D=64 and 128, the split design at D=192 and 256), batch and packed
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels tests/test_api.py -k softcap \
         2>&1 | tee "$out/softcap-tests-full.log" | grep -E "passed|failed|FAILED|Error" | tee "$out/softcap-tests.log" ;;
-    softcap-bench)  # Gemma 2's capped scores (softcap 50) at D=128 (27B) and 256: the sm90 kernels against the portable
-      # ones (the path before) and FA4 (where PYTHONPATH has it), beside flashtile without a cap
-      timeout 400 python3 -m flashtile.bench --backward --head-dims 128 256 --seqlens 4096 16384 --rounds 1 --memory-seqlens \
+    softcap-bench)  # Gemma 2's capped scores (softcap 50) at D=64, 128 (27B) and 256: the sm90 kernels against the
+      # portable ones (the path before) and FA4 (where PYTHONPATH has it), beside flashtile without a cap
+      timeout 400 python3 -m flashtile.bench --backward --head-dims 64 128 256 --seqlens 4096 16384 --rounds 1 --memory-seqlens \
         --peers "flashtile (softcap 50)" "flashtile (portable, softcap 50)" "FA4 (softcap 50)" flashtile \
         --out "$out/bench-softcap" 2>&1 | grep "^|" | tee "$out/softcap-bench.log" ;;
-    softcap-one-pass)  # the capped backward at D=64 and 128 on the sm90 one pass: its GPU tests (batch, packed,
-      # deterministic), then scripts/softcap_bwd_ab.py against the portable backward (and FA4 where PYTHONPATH has it)
-      timeout 200 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
-        -k "softcap and (d64 or d128)" 2>&1 | tee "$out/softcap-one-pass-full.log" | grep -E "passed|failed|FAILED|Error" \
-        | tee "$out/softcap-one-pass.log"
-      timeout 200 python3 scripts/softcap_bwd_ab.py --seqlens 4096 16384 --out "$out/bench-softcap-one-pass" 2>&1 \
-        | grep "^|" | tee -a "$out/softcap-one-pass.log" ;;
     kept-replays)  # the forward's and the backward's replays kept by launch key (ops._FORWARD_AGAIN, _ONE_PASS): their
       # GPU tests (replays at new and old addresses, claims under CUDA graphs, the eager step), then small calls
       timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_fwd.py \

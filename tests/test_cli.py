@@ -171,11 +171,11 @@ def test_info_follows_the_backends(monkeypatch, capsys):
 
 def test_info_says_where_a_softcap_runs(capsys):
     """--softcap: on sm90 the forward caps its scores in the Hopper kernel (the tanh's scale among its switches); the
-    backward takes the split design's kernels at D=256 and the portable kernel at D=128."""
+    backward takes the split design's kernels at D=256 and the one pass at D=128 (configs.BWD_HOPPER_SOFTCAP)."""
     assert cli.main(["info", "--head-dim", "256", "--window", "4096", "0", "--softcap", "50"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("on an sm90 GPU")]
     assert "kernels/hopper/fwd.py" in lines[0] and f"SOFTCAP_SCALE={256 ** -0.5 / 50}" in lines[0]
     assert "hopper/bwd_split.py" in lines[1]
     assert cli.main(["info", "--softcap", "50"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("on an sm90 GPU")]
-    assert "kernels/hopper/fwd.py" in lines[0] and lines[1].endswith("the backward runs kernels/portable/bwd.py")
+    assert "kernels/hopper/fwd.py" in lines[0] and "hopper/bwd.py (dK, dV; dQ by the copy engine" in lines[1]

@@ -432,8 +432,7 @@ def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, b
             *token_strides(dk), *token_strides(dv), *dq_strides, *lse_strides, seqlen_q, seqlen_k, diag, diag_left,
             nheads // nheads_k, qk_scale, cu_seqlens_q, cu_seqlens_k)
     switches = BwdSwitches(mask_right, mask_left, DQ_REDUCE=dq_acc is not None, IS_VARLEN=packed is not None,
-                           SOFTCAP_SCALE=softcap_scale,
-                           BOTTOM_RIGHT=bottom_right)
+                           BOTTOM_RIGHT=bottom_right, SOFTCAP_SCALE=softcap_scale)
     kwargs = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.num_stages, SWITCHES=switches,
                   REGS=config.consumer_regs, num_warps=4, maxnreg=168)
     return grid, args, kwargs

@@ -194,25 +194,28 @@ def test_backward_dispatch(monkeypatch):
 
 
 def test_softcap_takes_the_entries_of_bwd_hopper_softcap(monkeypatch):
-    """softcap on sm90 (pretended): the head dims configs.BWD_HOPPER_SOFTCAP has (D=256, and 192 in its tiles) take
-    the sm90 backward with that entry, deterministic too; the others (D=64, 128) the portable one, and so does ALiBi;
-    an entry added for D=128 takes it there."""
+    """softcap on sm90 (pretended): every head dim configs.BWD_HOPPER_SOFTCAP has (64 to 256, 192 in 256's tiles)
+    takes the sm90 backward with that entry (D=64 in 64-row steps), deterministic too; ALiBi the portable one, and so
+    does a head dim whose entry is taken out."""
     monkeypatch.setattr(dispatch, "arch", lambda device: (9, 0))
     monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)
-    for head_dim, kernel in ((256, "hopper/bwd.py"), (192, "hopper/bwd.py"), (128, "portable/bwd.py"),
-                             (64, "portable/bwd.py")):
+    for head_dim in (256, 192, 128, 64):
         q = torch.randn(1, 64, 4, head_dim, dtype=torch.bfloat16)
         for window in ((-1, -1), (-1, 0), (256, 0)):
             for deterministic in (False, True):
                 plan = dispatch.backward(q, q, q, q, window, False, deterministic, softcap=30.0)
-                assert plan.kernel == (kernel if GLUON_VERSION_OK else "portable/bwd.py"), (head_dim, window)
+                if not GLUON_VERSION_OK:
+                    assert plan.kernel == "portable/bwd.py"
+                    continue
+                key = (256 if head_dim == 192 else head_dim, dispatch.is_causal(window))
+                assert plan.kernel == "hopper/bwd.py" and plan.config is configs.BWD_HOPPER_SOFTCAP[key], key
         assert dispatch.backward(q, q, q, q, (-1, 0), alibi_slopes=torch.ones(4)).kernel == "portable/bwd.py"
+    assert configs.BWD_HOPPER_SOFTCAP[(64, False)].block_m == 64
+    monkeypatch.delitem(configs.BWD_HOPPER_SOFTCAP, (128, True))
     q = torch.randn(1, 64, 4, 128, dtype=torch.bfloat16)
-    candidate = dataclasses.replace(configs.BWD_HOPPER[(128, True)], num_stages=3)
-    monkeypatch.setitem(configs.BWD_HOPPER_SOFTCAP, (128, True), candidate)
-    plan = dispatch.backward(q, q, q, q, (-1, 0), softcap=30.0)
-    assert plan.config is candidate if GLUON_VERSION_OK else plan.kernel == "portable/bwd.py"
-    assert dispatch.backward(q, q, q, q, (-1, -1), softcap=30.0).kernel == "portable/bwd.py"
+    assert dispatch.backward(q, q, q, q, (-1, 0), softcap=30.0).kernel == "portable/bwd.py"
+    assert dispatch.backward(q, q, q, q, (-1, -1), softcap=30.0).kernel == ("hopper/bwd.py" if GLUON_VERSION_OK
+                                                                             else "portable/bwd.py")
 
 
 @pytest.mark.skipif(not GLUON_VERSION_OK, reason="the Gluon kernels are written for triton 3.6")
@@ -513,27 +516,17 @@ def test_gradients_wide_heads(head_dim, shape, causal, dtype):
     check(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
 
 
-def capped_one_pass(monkeypatch):
-    """configs.BWD_HOPPER_SOFTCAP with entries for D=64 and D=128 (it has none): their one pass, D=64 in 64-row steps
-    (its 128 spill with a cap, tools/compile_sm90.py), so that the capped one pass is tested wherever it may ship."""
-    for causal in (False, True):
-        monkeypatch.setitem(configs.BWD_HOPPER_SOFTCAP, (64, causal),
-                            dataclasses.replace(configs.BWD_HOPPER[(64, causal)], block_m=64))
-        monkeypatch.setitem(configs.BWD_HOPPER_SOFTCAP, (128, causal), configs.BWD_HOPPER[(128, causal)])
-
-
 @pytest.mark.gpu
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "w1000_0"])
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["plain", "deterministic"])
-def test_softcap_gradients(head_dim, window, dtype, deterministic, monkeypatch):
+def test_softcap_gradients(head_dim, window, dtype, deterministic):
     """flash-attn's softcap (Gemma 2: 50) on the sm90 backward, both ways: dQ and dK/dV through tanh's derivative (the
     dQ kernel from each P; the split design's dK/dV kernel from the Pᵀ · (1 − tanh²) its dV warpgroup hands over, the
-    one pass's (D=64, 128, capped_one_pass) from its own Pᵀ); scores past the cap, GQA, Nq != Nk; every gradient
-    against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
-    capped_one_pass(monkeypatch)
+    one pass's (D=64, 128) from its own Pᵀ); scores past the cap, GQA, Nq != Nk; every gradient against float64
+    within 2x of PyTorch's own error, on NaN-filled outputs."""
     q = randn(2, 1500, 8, head_dim, dtype=dtype, scale=16.0)
     k, v = (randn(2, 1300, 2, head_dim, dtype=dtype) for _ in range(2))
     dout = randn(2, 1500, 8, head_dim, dtype=dtype)
@@ -551,12 +544,10 @@ def test_softcap_gradients(head_dim, window, dtype, deterministic, monkeypatch):
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (256, 0)], ids=["full", "causal", "w256_0"])
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"d{d}")
-def test_softcap_on_packed_sequences(head_dim, window, monkeypatch):
+def test_softcap_on_packed_sequences(head_dim, window):
     """Gemma 2's padding-free batches: softcap on packed ragged sequences (one without queries, Nq != Nk, longer
-    than a tile or shorter), GQA 4/2, rows past the last sequence in q, on the one pass (D=64, 128, capped_one_pass)
-    and the split design (D=192, 256); every gradient against float64 within 2x of PyTorch's own error, and those
-    rows' dQ zero."""
-    capped_one_pass(monkeypatch)
+    than a tile or shorter), GQA 4/2, rows past the last sequence in q, on the one pass (D=64, 128) and the split
+    design (D=192, 256); every gradient against float64 within 2x of PyTorch's own error, and those rows' dQ zero."""
     from helpers import varlen_inputs
     seqlens_q, seqlens_k = [5, 0, 700, 333, 1024], [9, 12, 700, 1300, 1024]
     q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16)
