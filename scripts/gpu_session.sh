@@ -5,6 +5,7 @@
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
+#        [softcap-fwd-ab]
 # tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
 # each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -149,6 +150,12 @@ for step in "$@"; do
     window-fwd-ab)  # the forward under narrow windows (configs.FWD_HOPPER's min_window): the portable kernel against the
       # sm90 entries and candidates (D=64 in 128 rows with FROZEN_MAX, D=128 in 64-key tiles)
       timeout 300 python3 scripts/window_fwd_ab.py 2>&1 | grep "^|" | tee "$out/window-fwd-ab.md" ;;
+    softcap-fwd-ab)  # the capped forward (softcap 50) at D=64, which FWD_HOPPER leaves to the portable kernel since run
+      # 61 (before the GPU's tanh): the portable kernel against the sm90 entries and the 128-row candidate, causal
+      for n in 4096 16384; do
+        timeout 140 python3 scripts/window_fwd_ab.py --softcap 50 --windows 0 --seqlen $n 2>&1 | grep "^|" \
+          | tee -a "$out/softcap-fwd-ab.md"
+      done ;;
     softcap-tests)  # softcap on the sm90 kernels: the forward (every head dim, forced where dispatch takes the portable
       # kernel), the backward (the one pass at D=64 and 128, the split design at D=192 and 256), batch and packed
       timeout 300 python3 -m pytest -m gpu -q -n 12 -p no:cacheprovider --tb=short -rf tests/kernels tests/test_api.py -k softcap \
