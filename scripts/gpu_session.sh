@@ -5,7 +5,7 @@
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
-#        [softcap-fwd-ab]
+#        [softcap-fwd-ab] [window-bwd-ab]
 # tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
 # each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -150,6 +150,12 @@ for step in "$@"; do
     window-fwd-ab)  # the forward under narrow windows (configs.FWD_HOPPER's min_window): the portable kernel against the
       # sm90 entries and candidates (D=64 in 128 rows with FROZEN_MAX, D=128 in 64-key tiles)
       timeout 300 python3 scripts/window_fwd_ab.py 2>&1 | grep "^|" | tee "$out/window-fwd-ab.md" ;;
+    window-bwd-ab)  # D=64's backward under causal windows (0.80x FA4 at 256 keys in run 62): the shipped 128-row steps
+      # (88 bytes of spills with a window) against 64-row steps (none), 2 and 3 stages
+      for variant in "block_m=64" "block_m=64 num_stages=3"; do
+        timeout 140 python3 scripts/bwd_design_ab.py $variant --masks causal --windows 256 1024 4096 --head-dims 64 \
+          --seqlens 4096 16384 --rounds 2 2>&1 | grep "^|" | tee -a "$out/window-bwd-ab.md"
+      done ;;
     softcap-fwd-ab)  # the capped forward (softcap 50) at D=64, which FWD_HOPPER leaves to the portable kernel since run
       # 61 (before the GPU's tanh): the portable kernel against the sm90 entries and the 128-row candidate, causal
       for n in 4096 16384; do
