@@ -520,13 +520,13 @@ def test_gradients_wide_heads(head_dim, shape, causal, dtype):
 @pytest.mark.usefixtures("hopper_backward")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (1000, 0)], ids=["full", "causal", "w1000_0"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["plain", "deterministic"])
 def test_softcap_gradients(head_dim, window, dtype, deterministic):
     """flash-attn's softcap (Gemma 2: 50) on the sm90 backward, both ways: dQ and dK/dV through tanh's derivative (the
     dQ kernel from each P; the split design's dK/dV kernel from the Pᵀ · (1 − tanh²) its dV warpgroup hands over, the
-    one pass's (D=64, 128) from its own Pᵀ); scores past the cap, GQA, Nq != Nk; every gradient against float64
-    within 2x of PyTorch's own error, on NaN-filled outputs."""
+    one pass's (D=64, 128, and 96 in 128's tiles) from its own Pᵀ); scores past the cap, GQA, Nq != Nk; every gradient
+    against float64 within 2x of PyTorch's own error, on NaN-filled outputs."""
     q = randn(2, 1500, 8, head_dim, dtype=dtype, scale=16.0)
     k, v = (randn(2, 1300, 2, head_dim, dtype=dtype) for _ in range(2))
     dout = randn(2, 1500, 8, head_dim, dtype=dtype)
