@@ -19,7 +19,7 @@ import functools
 import torch
 from bwd_ab import HIDDEN, TOKENS, median_ms
 
-from flashtile import configs, dispatch, ops
+from flashtile import checks, configs, dispatch, ops
 from flashtile.bench.__main__ import fwd_flops
 from flashtile.kernels.hopper.bwd import launch_bwd_hopper
 
@@ -37,7 +37,7 @@ def main():
     fields = {} if portable else {name: int(value) for name, value in (f.split("=") for f in args.fields)}
     print(f"| D | mask | N | shipped TFLOP/s | {' '.join(args.fields)} TFLOP/s | shipped / variant time | max diff |")
     print("|---|---|---|---|---|---|---|")
-    masks = {mask: (-1, 0 if mask == "causal" else -1) for mask in args.masks}  # flash-attn's (left, right)
+    masks = {mask: checks.window((-1, -1), mask == "causal") for mask in args.masks}  # flash-attn's (left, right)
     masks.update({f"window ({w}, 0)": (w, 0) for w in args.windows})
     for d in args.head_dims:
         for mask, window in masks.items():

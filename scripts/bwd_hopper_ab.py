@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from bwd_ab import HIDDEN, TOKENS, load_old, median_ms
 
-from flashtile import ops
+from flashtile import checks, ops
 from flashtile.kernels.hopper import bwd as new_module
 
 
@@ -54,7 +54,7 @@ def main():
     print("|---|---|---|" + "---|" * (2 * len(modules) - 1) + "---|")
     for d in args.head_dims:
         for causal in (False, True):
-            window = (-1, 0 if causal else -1)  # flash-attn's (left, right) of the mask
+            window = checks.window((-1, -1), causal)
             for n in args.seqlens:
                 b, h = max(1, TOKENS // n), HIDDEN // d
                 q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

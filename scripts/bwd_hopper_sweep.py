@@ -9,7 +9,7 @@ import math
 import torch
 import triton
 
-from flashtile import configs
+from flashtile import checks, configs
 from flashtile.configs import HopperBwdConfig, HopperDqConfig
 from flashtile.kernels.hopper.bwd import launch_bwd_hopper
 from flashtile.ops import attention_backward, attention_forward
@@ -59,7 +59,7 @@ def main(argv=None):
         print("| D | causal | N | " + " | ".join(names) + " | err |")
         print("|---" * (len(names) + 4) + "|")
         for causal in (False, True):
-            window = (-1, 0 if causal else -1)  # flash-attn's (left, right) of the mask
+            window = checks.window((-1, -1), causal)
             for n in args.seqlens or (1024, 4096, 16384):
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

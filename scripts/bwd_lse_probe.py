@@ -14,7 +14,7 @@ import torch
 from bwd_ab import median_ms
 from bwd_clock_probe import clocks
 
-from flashtile import ops
+from flashtile import checks, ops
 from flashtile.bench.__main__ import HIDDEN, TOKENS
 from flashtile.kernels.hopper.bwd import launch_bwd_hopper
 
@@ -29,7 +29,7 @@ def main():
     print("| causal | N | forward's LSE TFLOP/s | MHz, W | LSE + 200 TFLOP/s | MHz, W | ratio |")
     print("|---|---|---|---|---|---|---|")
     for causal in (False, True):
-        window = (-1, 0 if causal else -1)  # flash-attn's (left, right) of the mask
+        window = checks.window((-1, -1), causal)
         for n in args.seqlens:
             b, h = max(1, TOKENS // n), HIDDEN // d
             q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

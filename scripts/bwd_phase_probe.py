@@ -21,7 +21,7 @@ import torch
 import triton
 from bwd_ab import HIDDEN, TOKENS, load_old
 
-from flashtile import configs, ops
+from flashtile import checks, configs, ops
 from flashtile.kernels.hopper import bwd
 
 SLOTS = 16
@@ -119,7 +119,7 @@ def clock_mhz():
 def launch(module, q, k, v, dout, out, lse, causal):
     """(dq, dk, dv) by ``module``'s launch_bwd_hopper (the shipped bwd or the probe)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    module.launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, q.shape[-1] ** -0.5, (-1, 0 if causal else -1),
+    module.launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, q.shape[-1] ** -0.5, checks.window((-1, -1), causal),
                              True)
     return dq, dk, dv
 

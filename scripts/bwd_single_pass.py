@@ -11,7 +11,7 @@ import math
 import torch
 import triton
 
-from flashtile import configs
+from flashtile import checks, configs
 from flashtile.kernels.hopper.bwd import dq_acc_shape, flash_bwd_dkdv_hopper_kernel, launch_args, launch_bwd_hopper
 from flashtile.kernels.portable.bwd import launch_dq_cast, launch_preprocess
 from flashtile.ops import attention_forward
@@ -36,7 +36,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|---|")
     for d in args.head_dims:
         for causal in (False, True):
-            window = (-1, 0 if causal else -1)  # flash-attn's (left, right) of the mask
+            window = checks.window((-1, -1), causal)
             for n in args.seqlens:
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

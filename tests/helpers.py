@@ -17,11 +17,6 @@ ATOL = {torch.float16: 1e-4, torch.bfloat16: 1e-3, torch.float32: 4e-6}
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def window_of(causal):
-    """flash-attn's (left, right) window of causal or full attention, as the kernels' launchers take it."""
-    return (-1, 0) if causal else (-1, -1)
-
-
 def slack(ref, dtype, scaled=False):
     """What the error rule adds to 2x PyTorch's error: ATOL (times the reference's largest magnitude when
     ``scaled``), and at least one unit in the last place of ``dtype`` there. Rounding the exact result to the

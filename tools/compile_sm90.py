@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from flashtile import configs, dispatch
+from flashtile import checks, configs, dispatch
 from flashtile.kernels.common.tiles import head_dim_pad
 from flashtile.kernels.portable.bwd import flash_bwd_kernel
 from flashtile.kernels.portable.decode import flash_decode_split_kernel, merge_rows_per_step
@@ -142,8 +142,9 @@ def compile_decode(head_dim, pad, cfg, paged, tma, rows):
 
 
 def window_size(causal, window):
-    """The launchers' (left, right) of a job: ``window`` where given, else causal's (-1, 0) or full (-1, -1)."""
-    return window if window is not None else (-1, 0 if causal else -1)
+    """The launchers' (left, right) of a job: ``window`` where given (it replaces the causal flag's mask), else the
+    causal flag's (checks.window)."""
+    return window if window is not None else checks.window((-1, -1), causal)
 
 
 def compile_hopper_fwd(head_dim, causal, cfg, seqlen=1024, window=None, packed=False, softcap=0.0):

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import compile_sm90  # noqa: E402
 
-from flashtile import configs  # noqa: E402
+from flashtile import checks, configs  # noqa: E402
 from flashtile.kernels.common.tiles import head_dim_pad  # noqa: E402
 from flashtile.kernels.hopper import fwd as fwd_hopper  # noqa: E402
 from flashtile.kernels.hopper import fwd_launch  # noqa: E402
@@ -139,7 +139,7 @@ def snapshot(with_portable=False):
                             q, k, v = (torch.empty(2, n, 4, head_dim, dtype=dtype) for _ in range(3))
                             lse, packed = torch.empty(2, 4, n), (None, None, None)
                         _, args, kwargs = fwd_launch.launch_args(q, k, v, torch.empty_like(q), lse, *packed, 0.1,
-                                                                 (-1, 0 if causal else -1), True, cfg)
+                                                                 checks.window((-1, -1), causal), True, cfg)
                         key = f"D={head_dim} causal={causal} config {i} N={n} {dtype} varlen={varlen}"
                         out[key] = _ptx(compile_sm90._compile_gluon, fwd_hopper.flash_fwd_hopper_kernel, args,
                                         kwargs)

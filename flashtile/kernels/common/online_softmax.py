@@ -1,15 +1,14 @@
 """The online-softmax step shared by every kernel: one tile of scores folded into a running
 max ``m_i`` and denominator ``l_i``, in the exp2 domain (log2(e) is folded into ``qk_scale``)."""
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ...checks import interpreter_enabled
+
 LOG2E = tl.constexpr(1.4426950408889634)  # natural-log units to log2 units; every kernel takes it from here
 LN2 = tl.constexpr(0.6931471805599453)  # and back
 TWO_LOG2E = tl.constexpr(2 * LOG2E.value)
-_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, as triton did when the kernels loaded
 
 
 @triton.jit
@@ -50,7 +49,7 @@ def softcap_mode(device, softcap):
     the sm90 kernels and the portable ones compute the same scores; else 1 (the interpreter, older GPUs)."""
     if not softcap:
         return 0
-    fast = not _INTERPRETER and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 5)
+    fast = not interpreter_enabled() and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 5)
     return 2 if fast else 1
 
 

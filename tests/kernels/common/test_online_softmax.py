@@ -11,10 +11,10 @@ def test_softcap_mode_takes_the_tanh_instruction_on_cuda_gpus_from_sm75():
     backward of different kernels compute the same scores), before it 1; under the interpreter 1 (no PTX)."""
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert online_softmax.softcap_mode(cpu, 0.0) == online_softmax.softcap_mode(cuda, 0.0) == 0
-    with mock.patch.object(online_softmax, "_INTERPRETER", False):
+    with mock.patch.object(online_softmax, "interpreter_enabled", lambda: False):
         for capability, mode in (((9, 0), 2), ((8, 0), 2), ((7, 5), 2), ((7, 0), 1)):
             with mock.patch.object(torch.cuda, "get_device_capability", lambda device, c=capability: c):
                 assert online_softmax.softcap_mode(cuda, 50.0) == mode, capability
         assert online_softmax.softcap_mode(cpu, 50.0) == 1
-    with mock.patch.object(online_softmax, "_INTERPRETER", True):
+    with mock.patch.object(online_softmax, "interpreter_enabled", lambda: True):
         assert online_softmax.softcap_mode(cuda, 50.0) == 1

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 from bwd_checks import assert_grads_close, assert_graph_replays_like_eager, check, check_sinks, gradients
-from helpers import DTYPE_IDS, poisoned_outputs, randn, torch_attention, window_of
+from helpers import DTYPE_IDS, poisoned_outputs, randn, torch_attention
 
 import flashtile
-from flashtile import configs, dispatch, reference
+from flashtile import checks, configs, dispatch, reference
 from flashtile.kernels.hopper.common import GLUON_VERSION_OK
 
 
@@ -272,7 +272,7 @@ def test_backward_runs_dq_first_and_hands_its_delta_to_dkdv(monkeypatch, causal)
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(2, 4, 256)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, window_of(causal), True)
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, checks.window((-1, -1), causal), True)
     assert [c[0] for c in calls] == ["dq", "dkdv"]
     _, dq_args, dq_kwargs = calls[0]
     config = table[(128, causal)]
@@ -315,7 +315,8 @@ def test_d256_backward_runs_dq_then_one_warpgroup_per_gradient(monkeypatch, caus
     lse = torch.randn(2, 8, 300)
     grads = [torch.empty_like(t) for t in (q, k, v)]
     dlse_t = torch.randn(2, 8, 300) if dlse else None
-    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, window_of(causal), True, dlse=dlse_t)
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, checks.window((-1, -1), causal), True,
+                                 dlse=dlse_t)
     assert [c[0] for c in calls] == (["preprocess"] if dlse else []) + ["dq", "split"]
     config = configs.BWD_HOPPER[(256, causal)]
     dq_named = dict(zip(bwd_dq_hopper.flash_bwd_dq_hopper_kernel.arg_names, calls[-2][1]))
@@ -371,7 +372,8 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
     k, v = (torch.randn(2, 256, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(2, 4, 200)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, window_of(causal), True, deterministic)
+    bwd_hopper.launch_bwd_hopper(dout, q, k, v, out, lse, *grads, 0.1, checks.window((-1, -1), causal), True,
+                                 deterministic)
     if deterministic:
         assert [c[0] for c in calls] == ["dq", "dkdv"]
         assert not calls[1][2]["SWITCHES"].DQ_REDUCE

@@ -17,11 +17,10 @@ from helpers import (
     torch_attention,
     torch_attention_varlen,
     varlen_inputs,
-    window_of,
 )
 
 import flashtile
-from flashtile import configs, dispatch, reference
+from flashtile import checks, configs, dispatch, reference
 from flashtile.bench import inputs
 from flashtile.kernels.common.tiles import head_dim_pad, num_sms
 from flashtile.kernels.hopper import fwd as fwd_hopper
@@ -137,7 +136,7 @@ def test_schedule():
         lse = torch.empty(batch, nheads, seqlen)
         run = dataclasses.replace(cfg, persistent=persistent, balanced=balanced)
         grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, None, None, None, 0.125,
-                                                    window_of(causal), True, run)
+                                                    checks.window((-1, -1), causal), True, run)
         n_m = -(-seqlen // 128)
         work = batch * nheads * (n_m if schedule == 2 else -(-n_m // 2))
         assert kwargs["SWITCHES"].SCHEDULE == schedule
@@ -166,7 +165,7 @@ def test_claims_launch_arguments():
             q, lse = q.flatten(0, 1), torch.empty(nheads, batch * seqlen)
             cu, max_seqlen = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32), seqlen
         grid, args, kwargs = fwd_launch.launch_args(q, q, q, torch.empty_like(q), lse, cu, cu, max_seqlen, 0.125,
-                                                    window_of(causal), True, run)
+                                                    checks.window((-1, -1), causal), True, run)
         named = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, args))
         n_m = -(-seqlen // cfg.block_m)
         counter = named["counter"]  # the claims counter and FROZEN_MAX's queue (bf16)
@@ -180,7 +179,7 @@ def test_claims_launch_arguments():
         else:
             assert kwargs["SWITCHES"].SCHEDULE != 3
         fp16 = fwd_launch.launch_args(q.half(), q.half(), q.half(), torch.empty_like(q.half()), lse, cu, cu, max_seqlen,
-                                      0.125, window_of(causal), True, run)  # FROZEN_MAX is for bf16 only
+                                      0.125, checks.window((-1, -1), causal), True, run)  # FROZEN_MAX is for bf16 only
         assert fp16[2]["SWITCHES"].FROZEN_MAX is False and fp16[2]["SWITCHES"].SCHEDULE == kwargs["SWITCHES"].SCHEDULE
         fp16_counter = dict(zip(fwd_hopper.flash_fwd_hopper_kernel.arg_names, fp16[1]))["counter"]
         assert (fp16_counter is None) == (kwargs["SWITCHES"].SCHEDULE != 3)
