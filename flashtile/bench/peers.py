@@ -127,9 +127,14 @@ FORWARD = {
 }
 
 
+# What a peer computes beyond plain attention, where it does: the ratio column compares peers of one setting.
+SETTING = {peer: "softcap 50" for peer in ("flashtile (softcap 50)", "flashtile (portable, softcap 50)",
+                                           "FA4 (softcap 50)")}
+
+
 def setting(peer):
-    """What a peer computes beyond plain attention, as its name ends: "softcap 50" for the capped ones, else ""."""
-    return "softcap 50" if peer.endswith("softcap 50)") else ""
+    """The peer's SETTING ("" for plain attention)."""
+    return SETTING.get(peer, "")
 
 
 # What the bench runs unless --peers says otherwise: flashtile as shipped and every peer a user can pick.

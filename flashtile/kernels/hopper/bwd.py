@@ -406,15 +406,22 @@ def supports(q, k, v, dout, window_size):
     return same_rows(view_layout(dout, varlen), layout_q) and same_rows(view_layout(v, varlen), layout_k)
 
 
+def default_config(q, window_size, softcap=0.0):
+    """The entry dispatch takes for the call: configs.BWD_HOPPER_SOFTCAP's with a cap, else configs.BWD_HOPPER's, by
+    the tiles' head dim and causal or not."""
+    table = configs.BWD_HOPPER_SOFTCAP if softcap else configs.BWD_HOPPER
+    return table[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
+
+
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right=True, config=None,
                 dq_acc=None, packed=None, softcap=0.0):
     """(grid, args, kwargs) of the dK/dV launch; dk, dv shaped like k (batch, seqlen_k, nheads_k, headdim);
     ``window_size`` as bwd_dq.band's (packed: each sequence's band, _sequence); ``softcap``: flash-attn's (0: none);
-    ``config`` a configs.HopperBwdConfig (default configs.BWD_HOPPER for the tiles' head dim, causal or not);
+    ``config`` a configs.HopperBwdConfig (default_config's by default);
     ``dq_acc`` (float32, zeroed, dq_acc_shape) takes dS·K by atomics, or None (dQ by another kernel). ``packed``:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of packed (total, nheads, headdim) tensors (with dq_acc),
     or None."""
-    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
+    config = config or default_config(q, window_size, softcap)
     block_m, block_n = config.block_m, config.block_n
     nheads, nheads_k, cols = q.shape[-2], k.shape[-2], next_pow2(q.shape[-1])
     descs, (q_rows_b, q_rows_h, q_col_h), (k_rows_b, k_rows_h, k_col_h) = backward_descriptors(
@@ -475,10 +482,10 @@ def launch_bwd_hopper(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window
     the last sequence get nothing.
     The one pass only: ``found`` (a list) gets its three launches' replays (Replays.launch), which a later call of the
     same launch keys hands back as ``replays`` to launch them without their lookups. ``window_size``: flash-attn's
-    (left, right), -1 for unbounded ((-1, 0): causal; bwd_dq.band). ``softcap``: flash-attn's (0: none), in every design
-    (dispatch takes capped calls here where configs.BWD_HOPPER_SOFTCAP has an entry).
+    (left, right), -1 for unbounded ((-1, 0): causal; bwd_dq.band). ``softcap``: flash-attn's (0: none), in every
+    design. ``config`` defaults to default_config's.
     Returns delta (− dlse), as the kernels used it, and the sinks' gradient parts (None without sinks)."""
-    config = config or configs.BWD_HOPPER[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
+    config = config or default_config(q, window_size, softcap)
     design = config.design(deterministic)
     if design == "one pass":
         cu_seqlens_q, seqlen_q = (None, q.shape[1]) if packed is None else (packed[0], packed[2])

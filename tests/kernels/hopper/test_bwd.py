@@ -391,6 +391,26 @@ def test_single_pass_backward_launches(monkeypatch, causal, deterministic):
     assert calls[2][1][1] is grads[0] and calls[2][1][2] == 0.1
 
 
+@pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["plain", "softcap"])
+def test_launch_without_a_config_takes_dispatchs_table(monkeypatch, softcap):
+    """A direct call without ``config`` (launch_bwd_hopper, launch_args) takes the entry dispatch would:
+    configs.BWD_HOPPER_SOFTCAP's for a capped call (D=64 in 64-row steps), configs.BWD_HOPPER's otherwise."""
+    from flashtile.kernels.hopper import bwd as bwd_hopper
+    from flashtile.kernels.portable import bwd
+    taken = []
+    monkeypatch.setattr(bwd, "launch_preprocess", lambda *args, **kwargs: (None, None, None))
+    monkeypatch.setattr(bwd, "launch_dq_cast", lambda *args: None)
+    monkeypatch.setattr(bwd_hopper, "_launch_dkdv", lambda *args: taken.append(args[11]))
+    q, dout, out = (torch.randn(1, 128, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    bwd_hopper.launch_bwd_hopper(dout, q, q, q, out, torch.randn(1, 2, 128), *(torch.empty_like(q) for _ in range(3)),
+                                 0.1, (-1, -1), True, softcap=softcap)
+    table = configs.BWD_HOPPER_SOFTCAP if softcap else configs.BWD_HOPPER
+    assert taken == [table[(64, False)]] and taken[0].block_m == (64 if softcap else 128)
+    _, _, kwargs = bwd_hopper.launch_args(q, q, q, q, q, q, torch.randn(1, 2, 128), None, 0.1, (-1, -1),
+                                          softcap=softcap)
+    assert kwargs["BLOCK_M"] == taken[0].block_m
+
+
 # GPU tier (`pytest -m gpu`): on sm90 only (hopper_backward), against the float64 reference beside PyTorch's own
 # error.
 @pytest.fixture
