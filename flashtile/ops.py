@@ -19,7 +19,7 @@ from .kernels.portable.decode import arrival_slots, launch_combine, launch_decod
 from .kernels.portable.fwd import launch_again as launch_fwd_again
 from .kernels.portable.fwd import launch_fwd
 from .kernels.portable.new_tokens import launch_append, launch_rotary
-from .kernels.portable.packed import launch_safe_offsets, launch_zero_unused_rows
+from .kernels.portable.packed import launch_safe_offsets, launch_zero_unused_grads, launch_zero_unused_rows
 
 
 def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -196,9 +196,7 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     """attention_backward's launches for a call with queries and keys: gradients into dq, dk, dv; returns delta and
     the sinks' gradient parts (None without sinks). ``plain``: a call whose sm90 one pass may keep its replays for
     its launch key's later calls (attention_backward, _ONE_PASS)."""
-    if cu_seqlens_q is not None:  # keys no sequence uses get no gradient from the kernels
-        dk.zero_()
-        dv.zero_()
+    if cu_seqlens_q is not None:
         cu_seqlens_q, cu_seqlens_k = launch_safe_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     inputs = (dout, q, k, v, out)
     dout, q, k, v, out = (_tma_ready(t) for t in inputs)
@@ -220,16 +218,16 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         if found and all(r is not None for r in found):
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
             _ONE_PASS.put(key, (launch, plan.config, found), (configs.BWD_HOPPER, ))
-        if cu_seqlens_q is not None:  # query rows past the last sequence
-            launch_zero_unused_rows(dq, cu_seqlens_q)
+        if cu_seqlens_q is not None:  # rows past the last sequence
+            launch_zero_unused_grads(dq, dk, dv, cu_seqlens_q, cu_seqlens_k)
         return delta, sink_parts
     seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
     delta, _, sink_parts = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse, sinks=sinks)
     launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, window_size, bottom_right, deterministic, plan.config, delta, softcap=softcap,
                alibi_slopes=_unit_last_stride(alibi_slopes))
-    if cu_seqlens_q is not None:  # query rows past the last sequence
-        launch_zero_unused_rows(dq, cu_seqlens_q)
+    if cu_seqlens_q is not None:  # rows past the last sequence
+        launch_zero_unused_grads(dq, dk, dv, cu_seqlens_q, cu_seqlens_k)
     return delta, sink_parts
 
 

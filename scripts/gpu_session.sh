@@ -5,7 +5,7 @@
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
-#        [softcap-fwd-ab] [window-bwd-ab]
+#        [softcap-fwd-ab] [window-bwd-ab] [varlen-zero]
 # tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
 # each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
@@ -156,6 +156,12 @@ for step in "$@"; do
         timeout 140 python3 scripts/bwd_design_ab.py $variant --masks causal --windows 256 1024 4096 --head-dims 64 \
           --seqlens 4096 16384 --rounds 2 2>&1 | grep "^|" | tee -a "$out/window-bwd-ab.md"
       done ;;
+    varlen-zero)  # packed backwards zero only the rows past the last sequence, by one launch: their GPU tests
+      # (NaN-filled buffers show a row no kernel wrote), then against the dk/dv memsets before it
+      timeout 300 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=short -rf tests/kernels/hopper/test_bwd.py \
+        tests/kernels/portable/test_bwd.py -k "packed or varlen or rows_past" 2>&1 | grep -E "passed|failed|FAILED|Error" \
+        | tee -a "$out/varlen-zero.md"
+      timeout 200 python3 scripts/varlen_bwd_ab.py --compare memsets --rounds 3 2>&1 | grep "^|" | tee -a "$out/varlen-zero.md" ;;
     softcap-fwd-ab)  # the capped forward (softcap 50) at D=64, which FWD_HOPPER leaves to the portable kernel since run
       # 61 (before the GPU's tanh): the portable kernel against the sm90 entries and the 128-row candidate, causal
       for n in 4096 16384; do

@@ -473,26 +473,28 @@ def test_packed_qkv_read_in_place(head_dim, causal):
 def test_packed_sequences(head_dim, window, dtype):
     """flash_attn_varlen_func's gradients on the sm90 one pass (D=192, 256: the split design's two kernels): ragged
     sequences (one without queries, one without
-    keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q; full, causal and sliding
-    windows (each sequence's band from its own diagonal); against float64 within 2x of PyTorch's own error, and those
-    rows' dQ zero."""
+    keys, Nq ≠ Nk, longer than a tile or shorter), GQA 4/2, rows past the last sequence in q, k and v; full, causal
+    and sliding windows (each sequence's band from its own diagonal); against float64 within 2x of PyTorch's own
+    error, and the rows past the last sequence's gradients zero."""
     from helpers import torch_attention_varlen, varlen_inputs
     seqlens_q, seqlens_k = [5, 0, 700, 333, 1, 1024], [9, 12, 700, 1300, 0, 1024]
     q, k, v, cu_q, cu_k = varlen_inputs(seqlens_q, seqlens_k, 4, 2, head_dim, dtype)
     q_pad = torch.cat([q, randn(19, 4, head_dim, dtype=dtype)])
+    k_pad, v_pad = (torch.cat([t, randn(13, 2, head_dim, dtype=dtype)]) for t in (k, v))
     dout = randn(*q_pad.shape, dtype=dtype)
-    packed = [t.detach() for t in (q_pad, k, v, dout)]
+    packed = [t.detach() for t in (q_pad, k_pad, v_pad, dout)]
     assert dispatch.backward(*packed, window, True).kernel == "hopper/bwd.py"
     with poisoned_outputs():
         out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, 1024, 1300, window_size=window), (q_pad, k, v), dout)
-    rows = q.shape[0]
-    assert torch.equal(dq[rows:], torch.zeros_like(dq[rows:]))
+            q, k, v, cu_q, cu_k, 1024, 1300, window_size=window), (q_pad, k_pad, v_pad), dout)
+    rows, keys = q.shape[0], k.shape[0]
+    for grad, used in ((dq, rows), (dk, keys), (dv, keys)):
+        assert torch.equal(grad[used:], torch.zeros_like(grad[used:]))
     ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, window_size=window)[0],
                     (q, k, v), dout[:rows].double())
     base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k, False, window), (q, k, v),
                      dout[:rows])
-    assert_grads_close((out[:rows], dq[:rows], dk, dv), ref, base)
+    assert_grads_close((out[:rows], dq[:rows], dk[:keys], dv[:keys]), ref, base)
 
 
 SHAPES = [(1, 1024, 1024, 2, 2), (2, 1000, 3001, 8, 2), (2, 3001, 1000, 4, 4), (1, 4096, 4096, 4, 1),

@@ -121,17 +121,22 @@ def test_varlen_gradients(causal, deterministic):
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_varlen_rows_past_the_last_sequence_get_zero_gradient(deterministic):
-    q, k, v, cu_q, cu_k = varlen_inputs([30, 7], [20, 50], 2, 2, 32, torch.float16)
+    """Query rows past cu_seqlens_q[-1] get out = 0 and dq = 0, key rows past cu_seqlens_k[-1] dk = dv = 0; every
+    other row is written (NaN-filled buffers), keys of a sequence without queries with zeros."""
+    q, k, v, cu_q, cu_k = varlen_inputs([30, 0, 7], [20, 9, 50], 2, 2, 32, torch.float16)
     q_pad = torch.cat([q, randn(19, 2, 32, dtype=torch.float16)])
+    k_pad, v_pad = (torch.cat([t, randn(11, 2, 32, dtype=torch.float16)]) for t in (k, v))
     dout = randn(*q_pad.shape, dtype=torch.float16)
     with poisoned_outputs():
         out, dq, dk, dv = gradients(lambda q, k, v: flashtile.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, 30, 50, deterministic=deterministic), (q_pad, k, v), dout)
-    assert torch.equal(out[37:], torch.zeros_like(out[37:])) and torch.equal(dq[37:], torch.zeros_like(dq[37:]))
+            q, k, v, cu_q, cu_k, 30, 50, deterministic=deterministic), (q_pad, k_pad, v_pad), dout)
+    for grad, used in ((out, 37), (dq, 37), (dk, 79), (dv, 79)):
+        assert torch.equal(grad[used:], torch.zeros_like(grad[used:]))
+    assert torch.equal(dk[20:29], torch.zeros_like(dk[20:29])) and torch.equal(dv[20:29], torch.zeros_like(dv[20:29]))
     ref = gradients(lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k)[0], (q, k, v),
                     dout[:37].double())
     base = gradients(lambda q, k, v: torch_attention_varlen(q, k, v, cu_q, cu_k), (q, k, v), dout[:37])
-    assert_grads_close((out[:37], dq[:37], dk, dv), ref, base)
+    assert_grads_close((out[:37], dq[:37], dk[:79], dv[:79]), ref, base)
 
 
 def _slopes(nheads, batch=None):
