@@ -5,11 +5,13 @@
 #        [short-step] [host-parts] [short-design] [sinks] [flash-attn-tests] [pipeline-record] [bwd-candidate]
 #        [ncu-bwd-peers] [kept-replays] [bench-warmup] [padded-tests] [padded-bench] [window-tests]
 #        [window-bench] [window-fwd-tests] [softcap-tests] [softcap-bench] [window-fwd-ab]
-#        [softcap-fwd-ab] [window-bwd-ab] [varlen-zero]
+#        [softcap-fwd-ab] [window-bwd-ab] [varlen-zero] [tree-ab]
 # tier-bwd, tier-rest, tier-fwd: the whole GPU tier in three calls (on a cold Triton cache it does not fit fewer):
 # each file in parallel workers, the forward's largest tests in three.
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
-# `mkdir -p .before && git archive e8d4ab3 flashtile | tar -x -C .before` here first and carry .before).
+# `mkdir -p .before && git archive e8d4ab3 flashtile | tar -x -C .before` here first and carry .before); tree-ab: the
+# same with any tree in .before (e.g. `git archive main flashtile` for a branch) and TREE_AB_ARGS (the bench's
+# arguments, e.g. "--backward --head-dims 96 192 --seqlens 2048 8192").
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -65,12 +67,14 @@ for step in "$@"; do
                 done ;;
     clock-probe) timeout 200 python3 scripts/clock_probe.py --seqlen 8192 --head-dim 128 --seconds 3 2>&1 \
                    | grep '^|' | tee "$out/clock-probe.md" ;;
-    redesign-bench|redesign-decode)  # issue 38's bar: .before/flashtile (carried) against this tree, in turns
+    redesign-bench|redesign-decode|tree-ab)  # .before/flashtile (carried) against this tree, in turns: issue 38's
+      # bar, or (tree-ab) any candidate on the bench's cells of $TREE_AB_ARGS
       for run in before-1 after-1 after-2 before-2 before-3 after-3; do  # ABBAAB: neither tree always runs warmer
         tree=${run%-*} root=$PWD; [ $tree = before ] && root=$PWD/.before
-        if [ $step = redesign-bench ]; then
-          PYTHONPATH=$root timeout 150 python3 -m flashtile.bench --backward --peers flashtile --memory-seqlens \
-            --warm-gpu 5 --out "$out/runs/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
+        args="--backward --warm-gpu 5"; [ $step = tree-ab ] && args=${TREE_AB_ARGS:-$args}
+        if [ $step != redesign-decode ]; then
+          PYTHONPATH=$root timeout 150 python3 -m flashtile.bench $args --peers flashtile --memory-seqlens \
+            --out "$out/runs/$run" 2>&1 | grep "^|" | tee -a "$out/redesign.log"
         else
           PYTHONPATH=$root timeout 140 python3 -m flashtile.bench.decode --rounds 2 --out "$out/runs/$run" 2>&1 \
             | grep "^|" | tee -a "$out/redesign.log"
