@@ -32,11 +32,10 @@ def fwd_flops(batch, nheads, seqlen_q, seqlen_k, head_dim, causal):
     those of the (query, key) pairs it leaves."""
     if isinstance(causal, (tuple, list)):
         left, right = causal
-        diag, pairs = seqlen_k - seqlen_q, 0
-        for i in range(seqlen_q):
-            lo = max(i + diag - left, 0) if left >= 0 else 0
-            hi = min(i + diag + right, seqlen_k - 1) if right >= 0 else seqlen_k - 1
-            pairs += max(hi - lo + 1, 0)
+        diagonal = torch.arange(seqlen_q, dtype=torch.int64) + seqlen_k - seqlen_q  # [seqlen_q] each row's own key
+        lo = (diagonal - left).clamp(min=0) if left >= 0 else torch.zeros_like(diagonal)
+        hi = (diagonal + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(diagonal, seqlen_k - 1)
+        pairs = int((hi - lo + 1).clamp(min=0).sum())
         return 4 * batch * nheads * pairs * head_dim
     flops = 4 * batch * nheads * seqlen_q * seqlen_k * head_dim
     return flops / 2 if causal else flops
