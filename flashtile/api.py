@@ -60,11 +60,11 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """Attention on packed (total_tokens, nheads, headdim) sequences, as flash-attn's varlen function.
 
     Sequence b holds rows cu_seqlens[b]:cu_seqlens[b + 1] (int32); rows from cu_seqlens_q[-1] on belong to no
-    sequence and get out = 0, LSE = -inf (and dq = 0). ``max_seqlen_q``, ``max_seqlen_k``: ints or 0-d integer
-    tensors. Returns out, or (out, softmax_lse [nheads, total_q], None) with ``return_attn_probs``. With
-    ``block_table`` (batch, max_pages) int32, k and v are pages (num_pages, page_size, nheads_k, headdim), as
-    flash-attn's paged prefill: they are gathered into batch · max_seqlen_k packed keys first (a copy, sized without
-    reading cu_seqlens_k back).
+    sequence and get out = 0, LSE = -inf (and dq = 0; dk = dv = 0 from cu_seqlens_k[-1] on). ``max_seqlen_q``,
+    ``max_seqlen_k``: ints or 0-d integer tensors. Returns out, or (out, softmax_lse [nheads, total_q], None) with
+    ``return_attn_probs``. With ``block_table`` (batch, max_pages) int32, k and v are pages (num_pages, page_size,
+    nheads_k, headdim), as flash-attn's paged prefill: they are gathered into batch · max_seqlen_k packed keys first
+    (a copy, sized without reading cu_seqlens_k back).
     ``learnable_sink`` as in flash_attn_func.
     """
     checks.not_implemented(dropout_p=dropout_p)
