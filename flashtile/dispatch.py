@@ -107,8 +107,7 @@ def hopper_backward_pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout
     (``flashtile info`` says what an sm90 GPU would run)."""
     if configs.BWD_BACKEND == "portable" or not hopper("bwd").supports(q, k, v, dout, window_size):
         return None
-    config = (configs.BWD_HOPPER_SOFTCAP if softcap else configs.BWD_HOPPER).get(
-        (head_dim_pad(q.shape[-1]), is_causal(window_size)))
+    config = configs.bwd_hopper_table(softcap).get((head_dim_pad(q.shape[-1]), is_causal(window_size)))
     if config is None:
         return None
     return None if packed and config.design(deterministic) != "one pass" and not config.split_gradients else config

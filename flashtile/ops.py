@@ -218,14 +218,12 @@ def _launch_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
         if found and all(r is not None for r in found):
             key = _one_pass_key(dout, q, k, v, out, lse, softmax_scale, window_size, bottom_right, deterministic)
             _ONE_PASS.put(key, (launch, plan.config, found), (configs.BWD_HOPPER, ))
-        if cu_seqlens_q is not None:  # rows past the last sequence
-            launch_zero_unused_grads(dq, dk, dv, cu_seqlens_q, cu_seqlens_k)
-        return delta, sink_parts
-    seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
-    delta, _, sink_parts = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse, sinks=sinks)
-    launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, window_size, bottom_right, deterministic, plan.config, delta, softcap=softcap,
-               alibi_slopes=_unit_last_stride(alibi_slopes))
+    else:
+        seqlen_q = max_seqlen_q if cu_seqlens_q is not None else q.shape[1]
+        delta, _, sink_parts = launch_preprocess(out, dout, lse, cu_seqlens_q, seqlen_q, dlse=dlse, sinks=sinks)
+        launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, window_size, bottom_right, deterministic, plan.config, delta, softcap=softcap,
+                   alibi_slopes=_unit_last_stride(alibi_slopes))
     if cu_seqlens_q is not None:  # rows past the last sequence
         launch_zero_unused_grads(dq, dk, dv, cu_seqlens_q, cu_seqlens_k)
     return delta, sink_parts

@@ -28,13 +28,13 @@ def test_ratio_compares_the_first_peers_setting():
     assert plain.endswith("| 1.40 |"), plain
 
 
-
 def test_every_capped_peer_names_its_setting():
     """Each peer with a setting is one the bench runs, and each peer the bench runs with a cap has that setting."""
     from flashtile.bench.peers import FORWARD, SETTING, setting
     assert set(SETTING) <= set(FORWARD)
     assert {p for p in FORWARD if "softcap" in p} == set(SETTING)
     assert setting("FA4") == "" and setting("FA4 (softcap 50)") == "softcap 50"
+
 
 def test_best_of_turns_keeps_each_keys_lowest_time_and_takes_turns():
     from flashtile.bench.__main__ import best_of_turns

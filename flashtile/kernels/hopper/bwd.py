@@ -407,10 +407,8 @@ def supports(q, k, v, dout, window_size):
 
 
 def default_config(q, window_size, softcap=0.0):
-    """The entry dispatch takes for the call: configs.BWD_HOPPER_SOFTCAP's with a cap, else configs.BWD_HOPPER's, by
-    the tiles' head dim and causal or not."""
-    table = configs.BWD_HOPPER_SOFTCAP if softcap else configs.BWD_HOPPER
-    return table[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
+    """The entry dispatch takes for the call (configs.bwd_hopper_table), by the tiles' head dim and causal or not."""
+    return configs.bwd_hopper_table(softcap)[(head_dim_pad(q.shape[-1]), is_causal(window_size))]
 
 
 def launch_args(q, k, v, dout, dk, dv, lse, delta, softmax_scale, window_size, bottom_right=True, config=None,
