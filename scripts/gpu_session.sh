@@ -11,7 +11,8 @@
 # redesign-bench, redesign-decode: the package before issue 38's redesign against this tree's (run
 # `mkdir -p .before && git archive e8d4ab3 flashtile | tar -x -C .before` here first and carry .before); tree-ab: the
 # same with any tree in .before (e.g. `git archive main flashtile` for a branch) and TREE_AB_ARGS (the bench's
-# arguments, e.g. "--backward --head-dims 96 192 --seqlens 2048 8192").
+# arguments, e.g. "--backward --head-dims 96 192 --seqlens 2048 8192") and TREE_AB_RUNS (its turns, ABBAAB unless
+# given, e.g. "before-1 after-1 after-2 before-2").
 set -u
 out=${OUT:-results}
 mkdir -p "$out"
@@ -69,7 +70,8 @@ for step in "$@"; do
                    | grep '^|' | tee "$out/clock-probe.md" ;;
     redesign-bench|redesign-decode|tree-ab)  # .before/flashtile (carried) against this tree, in turns: issue 38's
       # bar, or (tree-ab) any candidate on the bench's cells of $TREE_AB_ARGS
-      for run in before-1 after-1 after-2 before-2 before-3 after-3; do  # ABBAAB: neither tree always runs warmer
+      runs=${TREE_AB_RUNS:-before-1 after-1 after-2 before-2 before-3 after-3}  # ABBAAB: neither tree always runs warmer
+      for run in $runs; do
         tree=${run%-*} root=$PWD; [ $tree = before ] && root=$PWD/.before
         args="--backward --warm-gpu 5"; [ $step = tree-ab ] && args=${TREE_AB_ARGS:-$args}
         if [ $step != redesign-decode ]; then
@@ -80,9 +82,8 @@ for step in "$@"; do
             | grep "^|" | tee -a "$out/redesign.log"
         fi
       done
-      python3 scripts/redesign_compare.py "$out/runs/before-1,$out/runs/before-2,$out/runs/before-3" \
-        "$out/runs/after-1,$out/runs/after-2,$out/runs/after-3" \
-        | tee "$out/redesign-compare.md"
+      sides() { for run in $runs; do [ "${run%-*}" = "$1" ] && printf '%s' "${sep:-}$out/runs/$run" && sep=,; done; }
+      python3 scripts/redesign_compare.py "$(sep=; sides before)" "$(sep=; sides after)" | tee "$out/redesign-compare.md"
       # few files come back from a call: the runs' json in one archive
       rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs && rm -rf "$out/runs" ;;
     short-step) for d in 128 64; do  # the step at N=512 against its kernels, with the sm90 and the portable backward
