@@ -83,7 +83,9 @@ for step in "$@"; do
         fi
       done
       sides() { for run in $runs; do [ "${run%-*}" = "$1" ] && printf '%s' "${sep:-}$out/runs/$run" && sep=,; done; }
-      python3 scripts/redesign_compare.py "$(sep=; sides before)" "$(sep=; sides after)" | tee "$out/redesign-compare.md"
+      bar=--bar; [ $step = tree-ab ] && bar=  # issue 38's bar, or (tree-ab) the numbers alone
+      python3 scripts/redesign_compare.py $bar "$(sep=; sides before)" "$(sep=; sides after)" \
+        | tee "$out/redesign-compare.md"
       # few files come back from a call: the runs' json in one archive
       rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs && rm -rf "$out/runs" ;;
     short-step) for d in 128 64; do  # the step at N=512 against its kernels, with the sm90 and the portable backward
