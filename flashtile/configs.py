@@ -274,6 +274,7 @@ def bwd_hopper_table(softcap):
     """The sm90 backward's table for a call: BWD_HOPPER_SOFTCAP with capped scores, else BWD_HOPPER."""
     return BWD_HOPPER_SOFTCAP if softcap else BWD_HOPPER
 
+
 # The warp-specialized decode kernel on a head-major cache, one split, where its programs fill their waves to
 # DECODE_HOPPER_FILL; 3 stages from DECODE_HOPPER_LONG_FROM keys (docs/configs.md#decode_hopper).
 DECODE_HOPPER = {128: DecodeHopperConfig(block_n=64, num_stages=2, consumer_regs=168, maxnreg=128)}

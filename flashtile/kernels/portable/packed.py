@@ -42,7 +42,7 @@ def safe_offsets_kernel(CU_Q, CU_K, Out, n, total_q, total_k, BLOCK: tl.constexp
 @triton.jit
 def zero_rows(X, first, end, total, stride_x, row_elems, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Zero X's rows [first, first + BLOCK_R) that lie in [end, total): rows of ``row_elems`` contiguous elements,
-    ``stride_x`` apart."""
+    ``stride_x`` apart. Returns which rows those were [BLOCK_R]."""
     rows = first + tl.arange(0, BLOCK_R)  # [BLOCK_R]
     unused = (rows >= end) & (rows < total)
     offs_r = rows.to(tl.int64)[:, None] * stride_x
@@ -50,6 +50,7 @@ def zero_rows(X, first, end, total, stride_x, row_elems, BLOCK_R: tl.constexpr, 
         cols = c + tl.arange(0, BLOCK_C)  # [BLOCK_C]
         tl.store(X + offs_r + cols[None, :], tl.zeros([BLOCK_R, BLOCK_C], X.dtype.element_ty),
                  mask=unused[:, None] & (cols < row_elems)[None, :])
+    return unused
 
 
 @triton.jit
@@ -60,11 +61,9 @@ def zero_unused_rows_kernel(X, LSE, cu_seqlens, batch, total, stride_x, stride_l
     end = tl.load(cu_seqlens + batch)
     first = tl.program_id(0) * BLOCK_R
     if first + BLOCK_R > end:
-        zero_rows(X, first, end, total, stride_x, row_elems, BLOCK_R, BLOCK_C)
+        unused = zero_rows(X, first, end, total, stride_x, row_elems, BLOCK_R, BLOCK_C)
         if HAS_LSE:
-            rows = first + tl.arange(0, BLOCK_R)  # [BLOCK_R]
-            unused = (rows >= end) & (rows < total)
-            lse_ptr = LSE + rows
+            lse_ptr = LSE + first + tl.arange(0, BLOCK_R)
             for _ in range(nheads):
                 tl.store(lse_ptr, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=unused)
                 lse_ptr += stride_lh
@@ -73,24 +72,21 @@ def zero_unused_rows_kernel(X, LSE, cu_seqlens, batch, total, stride_x, stride_l
 @triton.jit
 def zero_unused_grads_kernel(dQ, dK, dV, cu_seqlens_q, cu_seqlens_k, batch, totals, row_strides, row_elems,
                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Grid (cdiv(the larger total, BLOCK_R), 3): dQ's rows from cu_seqlens_q[batch] on, then dK's and dV's from
-    cu_seqlens_k[batch] on. Bundles: totals (q rows, k rows), row_strides (dQ, dK, dV), row_elems (q, k)."""
+    """Grid (cdiv(the larger total, BLOCK_R), 2): dQ's rows from cu_seqlens_q[batch] on, then dK's and dV's (the same
+    rows) from cu_seqlens_k[batch] on. Bundles: totals (q rows, k rows), row_strides (dQ, dK, dV), row_elems (q, k)."""
     total_q, total_k = totals
     stride_dq, stride_dk, stride_dv = row_strides
     elems_q, elems_k = row_elems
     first = tl.program_id(0) * BLOCK_R
-    grad = tl.program_id(1)
-    if grad == 0:
+    if tl.program_id(1) == 0:
         end = tl.load(cu_seqlens_q + batch)
         if first + BLOCK_R > end:
             zero_rows(dQ, first, end, total_q, stride_dq, elems_q, BLOCK_R, BLOCK_C)
     else:
         end = tl.load(cu_seqlens_k + batch)
         if first + BLOCK_R > end:
-            if grad == 1:
-                zero_rows(dK, first, end, total_k, stride_dk, elems_k, BLOCK_R, BLOCK_C)
-            else:
-                zero_rows(dV, first, end, total_k, stride_dv, elems_k, BLOCK_R, BLOCK_C)
+            zero_rows(dK, first, end, total_k, stride_dk, elems_k, BLOCK_R, BLOCK_C)
+            zero_rows(dV, first, end, total_k, stride_dv, elems_k, BLOCK_R, BLOCK_C)
 
 
 _REPLAYS = Replays()
@@ -153,6 +149,6 @@ def launch_zero_unused_grads(dq, dk, dv, cu_seqlens_q, cu_seqlens_k):
         return
     args = (*tensors, cu_seqlens_q.numel() - 1, (total_q, total_k), (dq.stride(0), dk.stride(0), dv.stride(0)),
             (elems_q, elems_k))
-    _REPLAYS.put(key, Replay(zero_unused_grads_kernel, (cdiv(max(total_q, total_k), BLOCK_R), 3), args,
+    _REPLAYS.put(key, Replay(zero_unused_grads_kernel, (cdiv(max(total_q, total_k), BLOCK_R), 2), args,
                              dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4),
                              ["dQ", "dK", "dV", "cu_seqlens_q", "cu_seqlens_k"]))
