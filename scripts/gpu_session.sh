@@ -84,9 +84,9 @@ for step in "$@"; do
             | grep "^|" | tee -a "$out/redesign.log"
         fi
       done
-      sides() { for run in $runs; do [ "${run%-*}" = "$1" ] && printf '%s' "${sep:-}$out/runs/$run" && sep=,; done; }
+      side() { printf "$out/runs/%s\n" $runs | grep "/$1-" | paste -sd,; }  # a tree's runs, comma-separated
       bar=--bar; [ $step = tree-ab ] && bar=  # issue 38's bar, or (tree-ab) the numbers alone
-      python3 scripts/redesign_compare.py $bar "$(sep=; sides before)" "$(sep=; sides after)" \
+      python3 scripts/redesign_compare.py $bar "$(side before)" "$(side after)" \
         | tee "$out/redesign-compare.md"
       # few files come back from a call: the runs' json in one archive
       rm -f "$out"/runs/*/*.png; tar -czf "$out/redesign-runs.tgz" -C "$out" runs && rm -rf "$out/runs" ;;

@@ -10,9 +10,9 @@ other pair of trees, gpu_session.sh tree-ab, gets the numbers alone).
 
     python scripts/redesign_compare.py [--bar] BEFORE[,BEFORE2,...] AFTER[,AFTER2,...]
 """
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 FORWARD_KEY = ("batch", "seqlen", "nheads", "head_dim", "causal")
@@ -64,12 +64,12 @@ def verdict(ratios, estimator, bar):
 
 
 def main():
-    args = sys.argv[1:]
-    bar = args[:1] == ["--bar"]
-    args = args[bar:]
-    if len(args) != 2:
-        raise SystemExit(__doc__)
-    before, after = process_times(args[0]), process_times(args[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bar", action="store_true", help="issue 38's verdict after the numbers")
+    parser.add_argument("before")
+    parser.add_argument("after")
+    args = parser.parse_args()
+    before, after = process_times(args.before), process_times(args.after)
     ratios = compare(*({k: statistics.median(v) for k, v in side.items()} for side in (before, after)))
     if not ratios:
         raise SystemExit("no cell in both runs")
@@ -77,9 +77,9 @@ def main():
     for name, cell, ratio in ratios:
         print(f"| {name} | {', '.join(map(str, cell))} | {ratio:.3f} | {spread(before[(name, cell)]):.3f} | "
               f"{spread(after[(name, cell)]):.3f} |")
-    print("\n" + verdict(ratios, "medians", bar))
+    print("\n" + verdict(ratios, "medians", args.bar))
     print(verdict(compare(*({k: statistics.geometric_mean(v) for k, v in side.items()} for side in (before, after))),
-                  "geometric means", bar))
+                  "geometric means", args.bar))
 
 
 if __name__ == "__main__":
